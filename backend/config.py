@@ -1,0 +1,109 @@
+"""Engine configuration: every knob of `config.pbtxt` `parameters`, parsed and validated at load."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A bad engine setting; the message names the parameter."""
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "float32"
+    draft_model: str = ""  # a folder, "self", "ngram", or "" for no speculation
+    draft_dtype: str = "bfloat16"
+    num_speculative_tokens: int = 0
+    ngram_min: int = 1
+    ngram_max: int = 4
+    spec_max_batch_size: int = 8  # speculation turns off for a step whose batch is larger
+    block_size: int = 16
+    kv_cache_blocks: int = 0  # 0: derive from kv_cache_memory_bytes
+    kv_cache_memory_bytes: int = 256 * 1024 * 1024
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 0  # 0: the model's own limit
+    enable_prefix_caching: bool = True
+    max_queue_size: int = 256
+    max_n: int = 8
+    log_batch_visualization: bool = False
+    num_threads: int = 0  # torch intra-op threads; 0: torch's default
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.draft_model) and self.num_speculative_tokens > 0
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> "EngineConfig":
+        """Build from string key/values (Triton `parameters`); unknown keys and bad values raise ConfigError."""
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        unknown = sorted(set(params) - set(fields))
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {unknown}; allowed: {sorted(fields)}")
+        if not params.get("model"):
+            raise ConfigError("parameter 'model' is required: a Hugging Face model folder")
+        values = {}
+        for name, raw in params.items():
+            values[name] = _parse_value(name, fields[name].type, str(raw).strip())
+        for key in ("model", "draft_model"):
+            path = values.get(key, "")
+            if path and path not in ("self", "ngram") and base_dir is not None and not Path(path).is_absolute():
+                values[key] = str((base_dir / path).resolve())
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not (Path(self.model) / "config.json").exists():
+            raise ConfigError(f"parameter 'model': no Hugging Face model folder (config.json) at {self.model!r}")
+        for name in ("dtype", "draft_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ConfigError(f"parameter '{name}' must be one of {list(_DTYPES)}, got {getattr(self, name)!r}")
+        if self.draft_model not in ("", "self", "ngram") and not (Path(self.draft_model) / "config.json").exists():
+            raise ConfigError(
+                f"parameter 'draft_model' must be a model folder, 'self', 'ngram' or empty, got {self.draft_model!r}"
+            )
+        _check_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
+        _check_range("ngram_min", self.ngram_min, 1, 64)
+        _check_range("ngram_max", self.ngram_max, self.ngram_min, 64)
+        _check_range("spec_max_batch_size", self.spec_max_batch_size, 1, 4096)
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            raise ConfigError(f"parameter 'block_size' must be a power of two from 1 to 256, got {self.block_size}")
+        _check_range("kv_cache_blocks", self.kv_cache_blocks, 0, 1 << 24)
+        _check_range("kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, 1 << 40)
+        _check_range("max_num_seqs", self.max_num_seqs, 1, 4096)
+        _check_range("max_num_batched_tokens", self.max_num_batched_tokens, 1, 1 << 20)
+        _check_range("max_model_len", self.max_model_len, 0, 1 << 20)
+        _check_range("max_queue_size", self.max_queue_size, 0, 1 << 20)
+        _check_range("max_n", self.max_n, 1, 256)
+        _check_range("num_threads", self.num_threads, 0, 1024)
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ConfigError(f"parameter '{name}' must be between {low} and {high}, got {value}")
+
+
+def _parse_value(name: str, type_name: str, raw: str):
+    if type_name == "bool":
+        if raw.lower() in _TRUE:
+            return True
+        if raw.lower() in _FALSE:
+            return False
+        raise ConfigError(f"parameter '{name}' must be true or false, got {raw!r}")
+    if type_name == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"parameter '{name}' must be an integer, got {raw!r}") from None
+    return raw

@@ -1,0 +1,126 @@
+"""Engine metrics: kept in process (tests, benchmarks) and mirrored to Triton's metrics endpoint.
+
+`EngineMetrics` is what the engine updates. `TritonMetricsSink` mirrors every update into
+`pb_utils.MetricFamily` objects; it takes the `pb_utils` module as an argument so the engine never imports
+Triton.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+_LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0]
+_BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+COUNTERS = {
+    "llm_prompt_tokens_total": "Prompt tokens received",
+    "llm_generation_tokens_total": "Tokens generated",
+    "llm_requests_finished_total": "Requests finished, by finish reason",
+    "llm_requests_preempted_total": "Sequences preempted (blocks freed, recomputed later)",
+    "llm_requests_rejected_total": "Requests refused: queue full or can never fit",
+    "llm_prefix_cache_queries_total": "Prompt tokens looked up in the prefix cache",
+    "llm_prefix_cache_hits_total": "Prompt tokens served from the prefix cache",
+    "llm_engine_steps_total": "Engine steps (forward passes) run",
+    "llm_spec_decode_num_drafts_total": "Speculative drafts verified (one per sequence per step)",
+    "llm_spec_decode_num_draft_tokens_total": "Draft tokens proposed and verified",
+    "llm_spec_decode_num_accepted_tokens_total": "Draft tokens accepted",
+    "llm_spec_decode_num_accepted_tokens_per_pos_total": "Draft tokens accepted, by position in the draft",
+}
+GAUGES = {
+    "llm_requests_running": "Sequences in the running batch",
+    "llm_requests_waiting": "Sequences waiting to be scheduled",
+    "llm_kv_cache_blocks_used": "KV blocks held by sequences",
+    "llm_kv_cache_blocks_free": "KV blocks on the free list (cached prefixes included)",
+    "llm_kv_cache_blocks_cached_free": "Free KV blocks still holding a cached prefix",
+    "llm_kv_cache_blocks_total": "KV blocks in the pool",
+}
+HISTOGRAMS = {
+    "llm_time_to_first_token_seconds": ("Time from arrival to the first generated token", _LATENCY_BUCKETS),
+    "llm_inter_token_latency_seconds": ("Time between consecutive tokens of a sequence", _LATENCY_BUCKETS),
+    "llm_e2e_request_latency_seconds": ("Time from arrival to the final response", _LATENCY_BUCKETS),
+    "llm_step_num_sequences": ("Sequences in one engine step's batch", _BATCH_BUCKETS),
+    "llm_step_num_tokens": ("Tokens in one engine step's batch", [1, 8, 32, 64, 128, 256, 512, 1024, 2048, 8192]),
+}
+
+
+def _key(labels: dict | None) -> tuple:
+    return tuple(sorted((labels or {}).items()))
+
+
+class EngineMetrics:
+    def __init__(self):
+        self.counters: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
+        self.gauges: dict[str, float] = {}
+        self.histograms: dict[str, list[float]] = defaultdict(list)
+        self.sinks: list = []
+
+    def add_sink(self, sink) -> None:
+        """Mirror every later update into `sink`, starting from the current gauge values."""
+        self.sinks.append(sink)
+        for name, value in self.gauges.items():
+            sink.set(name, value)
+
+    def inc(self, name: str, value: float = 1.0, labels: dict | None = None) -> None:
+        assert name in COUNTERS, name
+        if value:
+            self.counters[name][_key(labels)] += value
+            for sink in self.sinks:
+                sink.inc(name, value, labels)
+
+    def set(self, name: str, value: float) -> None:
+        assert name in GAUGES, name
+        if self.gauges.get(name) != value:
+            self.gauges[name] = value
+            for sink in self.sinks:
+                sink.set(name, value)
+
+    def observe(self, name: str, value: float) -> None:
+        assert name in HISTOGRAMS, name
+        self.histograms[name].append(value)
+        if len(self.histograms[name]) > 100_000:  # keep memory bounded in long runs
+            del self.histograms[name][:50_000]
+        for sink in self.sinks:
+            sink.observe(name, value)
+
+    def total(self, name: str) -> float:
+        return sum(self.counters[name].values())
+
+
+class TritonMetricsSink:
+    """Mirrors EngineMetrics into Triton metric families labelled with model and version."""
+
+    def __init__(self, pb_utils, labels: dict[str, str]):
+        self._pb = pb_utils
+        self._labels = labels
+        # The families must outlive their metrics: keep references for the sink's whole life.
+        self._families = {}
+        for name, help_text in COUNTERS.items():
+            self._families[name] = pb_utils.MetricFamily(name, help_text, pb_utils.MetricFamily.COUNTER)
+        for name, help_text in GAUGES.items():
+            self._families[name] = pb_utils.MetricFamily(name, help_text, pb_utils.MetricFamily.GAUGE)
+        for name, (help_text, _) in HISTOGRAMS.items():
+            self._families[name] = pb_utils.MetricFamily(name, help_text, pb_utils.MetricFamily.HISTOGRAM)
+        self._metrics: dict[tuple, object] = {}
+        for name in (*COUNTERS, *GAUGES, *HISTOGRAMS):  # exported from the start, at zero
+            if not name.endswith("_per_pos_total") and name != "llm_requests_finished_total":
+                self._metric(name, None)
+
+    def _metric(self, name: str, labels: dict | None):
+        key = (name, _key(labels))
+        metric = self._metrics.get(key)
+        if metric is None:
+            all_labels = {**self._labels, **{k: str(v) for k, v in (labels or {}).items()}}
+            if name in HISTOGRAMS:
+                metric = self._families[name].Metric(labels=all_labels, buckets=HISTOGRAMS[name][1])
+            else:
+                metric = self._families[name].Metric(labels=all_labels)
+            self._metrics[key] = metric
+        return metric
+
+    def inc(self, name: str, value: float, labels: dict | None) -> None:
+        self._metric(name, labels).increment(value)
+
+    def set(self, name: str, value: float) -> None:
+        self._metric(name, None).set(value)
+
+    def observe(self, name: str, value: float) -> None:
+        self._metric(name, None).observe(value)

@@ -1,0 +1,95 @@
+"""Loads a Hugging Face causal LM, owns its paged KV cache, and runs one ragged forward pass per step."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_model_len: int
+
+    @classmethod
+    def of(cls, config) -> "ModelShape":
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            vocab_size=config.vocab_size,
+            max_model_len=getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048),
+        )
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass
+class ForwardItem:
+    """One sequence's part of a step: tokens to compute from position `start_pos`, and how many of its last
+    positions need logits (1 to sample, k + 1 to verify k draft tokens, 0 for a mid-prompt chunk)."""
+
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    num_logits: int
+
+
+class ModelRunner:
+    def __init__(self, model_path: str, dtype: str, block_size: int, num_blocks: int):
+        self.dtype = DTYPES[dtype]
+        self.block_size = block_size
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME
+        ).eval()
+        self.shape = ModelShape.of(self.model.config)
+        self.num_blocks = num_blocks
+        s = self.shape
+        self.kv_cache = torch.zeros(
+            s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim, dtype=self.dtype
+        )
+
+    @staticmethod
+    def read_shape(model_path: str) -> ModelShape:
+        return ModelShape.of(AutoConfig.from_pretrained(model_path))
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if copies:
+            src = torch.tensor([c[0] for c in copies])
+            dst = torch.tensor([c[1] for c in copies])
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Run one pass over all items; returns float32 logits [sum(num_logits), vocab]."""
+        tokens, positions, slices, keep = [], [], [], []
+        for item in items:
+            start_row = len(tokens)
+            n = len(item.token_ids)
+            tokens.extend(item.token_ids)
+            positions.extend(range(item.start_pos, item.start_pos + n))
+            slices.append(SeqSlice(start_row, n, item.start_pos, item.block_table))
+            keep.extend(range(start_row + n - item.num_logits, start_row + n))
+        meta = build_metadata(slices, self.block_size, self.kv_cache)
+        out = self.model(
+            input_ids=torch.tensor([tokens]),
+            position_ids=torch.tensor([positions]),
+            use_cache=False,
+            logits_to_keep=torch.tensor(keep, dtype=torch.long),
+            paged_attention=meta,
+        )
+        return out.logits[0].float()

@@ -1,0 +1,134 @@
+"""Requests, their sequences (one per parallel sample) and what the engine emits for them."""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .detokenizer import IncrementalDetokenizer
+from .sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_seq_ids = itertools.count()
+
+
+class Sequence:
+    """One generated continuation of a prompt: its tokens, its KV blocks, its sampler state."""
+
+    def __init__(self, request: "Request", sample_index: int, detokenizer: IncrementalDetokenizer):
+        self.seq_id = next(_seq_ids)
+        self.request = request
+        self.sample_index = sample_index
+        self.token_ids: list[int] = list(request.prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of the committed full blocks
+        self.num_cached_prompt_tokens = 0  # prompt tokens served by the prefix cache
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.detokenizer = detokenizer
+        self.generator = torch.Generator().manual_seed(request.seed_for(sample_index))
+        self.spec_token_ids: list[int] = []  # draft tokens proposed for this step
+        self.spec_draft_probs = None  # their draft distributions [k, V], or None for a deterministic draft
+        self.draft_num_computed = 0  # tokens whose KV the draft model holds
+        self.logprobs: list[dict] = []
+        self.num_sent_tokens = 0
+        self.final_sent = False
+        self.num_preemptions = 0
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+
+@dataclass
+class SampleOutput:
+    """What one sample produced since its last output (streaming) or in all (non-streaming)."""
+
+    sample_index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    num_output_tokens: int
+    logprobs: list[dict] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    samples: list[SampleOutput]
+    num_input_tokens: int
+    finished: bool
+    error: str | None = None
+    request: "Request | None" = field(default=None, repr=False)
+
+
+@dataclass
+class Request:
+    """A client request: a prompt, its parameters, and where its outputs go."""
+
+    request_id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stream: bool = False
+    on_output: Callable[[RequestOutput], None] = lambda output: None
+    is_cancelled: Callable[[], bool] = lambda: False
+    arrival_time: float = field(default_factory=time.perf_counter)
+    base_seed: int = 0  # seeds the samples' generators when params.seed is None
+    sequences: list[Sequence] = field(default_factory=list)
+    unforked: list[Sequence] = field(default_factory=list)  # parallel samples waiting for the prompt's KV
+    slots_reserved: bool = False  # the scheduler holds sequence slots for `unforked`
+    error: str | None = None
+
+    def seed_for(self, sample_index: int) -> int:
+        """Each sample draws from its own generator; a seeded request reproduces whatever the batch."""
+        seed = self.params.seed if self.params.seed is not None else self.base_seed
+        return (seed + sample_index * 0x9E3779B97F4A7C15) % (1 << 63)
+
+    @property
+    def finished(self) -> bool:
+        return all(seq.is_finished for seq in self.sequences)

@@ -1,0 +1,106 @@
+"""Client inputs of one request, as the Triton model receives them, turned into engine terms.
+
+Inputs arrive three ways (interface.md): vLLM-style JSON in `sampling_parameters`, TensorRT-LLM-style flat
+tensors, and request parameters (the `generate` endpoint puts JSON keys that name no input there). A key
+given more than once takes the tensor's value. This module sees plain numpy arrays and dicts, so it is
+tested without Triton.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .sampling_params import InvalidRequest, SamplingParams
+
+# Flat tensors that carry sampling parameters (besides sampling_parameters itself).
+SAMPLING_TENSORS = (
+    "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "seed", "n", "ignore_eos", "num_speculative_tokens",
+)
+LIST_TENSORS = ("stop", "stop_words", "stop_token_ids")
+FLAG_NAMES = (
+    "stream", "exclude_input_in_output", "return_logprobs", "return_finish_reason",
+    "return_num_input_tokens", "return_num_output_tokens",
+)
+INPUT_NAMES = ("text_input", "sampling_parameters") + SAMPLING_TENSORS + LIST_TENSORS + FLAG_NAMES
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str
+    params: SamplingParams
+    stream: bool = False
+    exclude_input_in_output: bool = False
+
+
+def _text(name: str, value: Any) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"{name} must be valid UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if isinstance(value, str):
+        return value
+    raise InvalidRequest(f"{name} must be a string, got {value!r}")
+
+
+def _scalar(name: str, array: np.ndarray) -> Any:
+    if array.size != 1:
+        raise InvalidRequest(f"{name} must hold exactly one value, got shape {list(array.shape)}")
+    value = array.reshape(-1)[0]
+    if isinstance(value, (bytes, str)):
+        return _text(name, value)
+    return value.item() if hasattr(value, "item") else value
+
+
+def _list(name: str, array: np.ndarray) -> list:
+    return [_text(name, v) if isinstance(v, (bytes, str)) else v.item() for v in array.reshape(-1)]
+
+
+def _json_object(name: str, text: str) -> dict:
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{name} must be a JSON object: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def parse_request(
+    tensors: dict[str, np.ndarray], parameters_json: str = "", max_n: int = 8, max_tokens_limit: int = 1 << 20
+) -> ParsedRequest:
+    """Merge request parameters < sampling_parameters < flat tensors, then validate."""
+    merged: dict[str, Any] = {}
+    merged.update(_json_object("request parameters", parameters_json))
+    if "sampling_parameters" in merged:  # a generate-endpoint body may carry it as a parameter
+        merged.update(_json_object("sampling_parameters", _text("sampling_parameters", merged.pop("sampling_parameters"))))
+    if "sampling_parameters" in tensors:
+        merged.update(_json_object("sampling_parameters", _scalar("sampling_parameters", tensors["sampling_parameters"])))
+    for name, array in tensors.items():
+        if name in LIST_TENSORS:
+            merged[name] = _list(name, array)
+        elif name != "sampling_parameters":
+            merged[name] = _scalar(name, array)
+    if "text_input" not in merged:
+        raise InvalidRequest("text_input is required: the prompt as a string")
+    prompt = _text("text_input", merged.pop("text_input"))
+    if not prompt:
+        raise InvalidRequest("text_input must be a non-empty string")
+    # finish_reason and the token counts are always sent; their return_* flags are only checked.
+    flags = {name: _flag(name, merged.pop(name)) for name in FLAG_NAMES if name in merged}
+    if flags.get("return_logprobs"):
+        merged.setdefault("logprobs", 0)
+    params = SamplingParams.from_dict(merged, max_n=max_n, max_tokens_limit=max_tokens_limit)
+    return ParsedRequest(prompt, params, flags.get("stream", False), flags.get("exclude_input_in_output", False))
+
+
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise InvalidRequest(f"{name} must be true or false, got {value!r}")

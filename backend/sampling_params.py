@@ -1,0 +1,172 @@
+"""Per-request sampling parameters, parsed from loosely typed client values and validated.
+
+Clients send these as vLLM-style JSON (`sampling_parameters`), as TensorRT-LLM-style flat tensors, or as
+request parameters; values may arrive as strings (GenAI-Perf sends them so). Every bad value raises
+InvalidRequest with a message that says what was wrong and what is allowed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class InvalidRequest(ValueError):
+    """A request the engine refuses; the message is meant for the client."""
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # None: no logprobs; k: the chosen token's logprob and the top k
+    num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], max_n: int = 8, max_tokens_limit: int = 1 << 20) -> "SamplingParams":
+        values = dict(values)
+        if "stop_words" in values:
+            values.setdefault("stop", values.pop("stop_words"))
+        unknown = sorted(set(values) - set(_PARSERS))
+        if unknown:
+            raise InvalidRequest(f"unknown sampling parameter(s) {unknown}; allowed: {sorted(_PARSERS)}")
+        parsed = {}
+        for key, value in values.items():
+            if value is None:
+                continue
+            parsed[key] = _PARSERS[key](key, value)
+        params = cls(**parsed)
+        params._check(max_n, max_tokens_limit)
+        return params
+
+    def _check(self, max_n: int, max_tokens_limit: int) -> None:
+        _in_range("n", self.n, 1, max_n)
+        _in_range("max_tokens", self.max_tokens, 1, max_tokens_limit)
+        _in_range("min_tokens", self.min_tokens, 0, self.max_tokens, hint=" (at most max_tokens)")
+        _in_range("temperature", self.temperature, 0.0, 100.0)
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise InvalidRequest(f"top_k must be -1 or 0 (off) or a positive integer, got {self.top_k}")
+        _in_range("min_p", self.min_p, 0.0, 1.0)
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise InvalidRequest(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        _in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if self.seed is not None:
+            _in_range("seed", self.seed, 0, 2**64 - 1)
+        if self.logprobs is not None:
+            _in_range("logprobs", self.logprobs, 0, 20)
+        if self.num_speculative_tokens is not None:
+            _in_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
+        if len(self.stop) > 16:
+            raise InvalidRequest(f"stop takes at most 16 strings, got {len(self.stop)}")
+        if any(s == "" for s in self.stop):
+            raise InvalidRequest("stop strings must not be empty")
+
+
+def _in_range(name: str, value, low, high, hint: str = "") -> None:
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be between {low} and {high}{hint}, got {value}")
+
+
+def _as_int(name: str, value) -> int:
+    if isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise InvalidRequest(f"{name} must be an integer, got {value!r}")
+
+
+def _as_float(name: str, value) -> float:
+    if isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise InvalidRequest(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def _as_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise InvalidRequest(f"{name} must be true or false, got {value!r}")
+
+
+def _as_stop(name: str, value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise InvalidRequest(f"{name} must be a string or a list of strings, got {value!r}")
+
+
+def _as_int_list(name: str, value) -> list[int]:
+    if isinstance(value, (list, tuple)):
+        return [_as_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    raise InvalidRequest(f"{name} must be a list of integers, got {value!r}")
+
+
+def _as_logprobs(name: str, value) -> int | None:
+    if isinstance(value, bool):
+        return 0 if value else None
+    return _as_int(name, value)
+
+
+
+_PARSERS = {
+    "n": _as_int,
+    "max_tokens": _as_int,
+    "min_tokens": _as_int,
+    "temperature": _as_float,
+    "top_p": _as_float,
+    "top_k": _as_int,
+    "min_p": _as_float,
+    "repetition_penalty": _as_float,
+    "presence_penalty": _as_float,
+    "frequency_penalty": _as_float,
+    "seed": _as_int,
+    "stop": _as_stop,
+    "stop_token_ids": _as_int_list,
+    "ignore_eos": _as_bool,
+    "include_stop_str_in_output": _as_bool,
+    "skip_special_tokens": _as_bool,
+    "logprobs": _as_logprobs,
+    "num_speculative_tokens": _as_int,
+}

@@ -1,0 +1,140 @@
+"""Iteration-level scheduling under a token budget and a sequence cap.
+
+Every step: running sequences first (decodes before unfinished prompt chunks), then waiting ones while
+budget, sequence slots and blocks last. A prompt longer than the remaining budget is chunked across steps,
+so prefills and decodes share a step. When blocks run out, the most recently admitted sequences are
+preempted: their blocks are freed and they wait at the front of the queue to be recomputed (from the prefix
+cache where it still holds their blocks).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .request import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens to compute this step, draft tokens included
+    num_spec_tokens: int = 0  # draft tokens to verify (the last ones of num_new_tokens)
+
+    def __post_init__(self):
+        self.start = self.seq.num_computed_tokens  # first position computed this step
+        # After this step the KV covers every token but the last, so the sequence samples.
+        self.samples = self.start + self.num_new_tokens - self.num_spec_tokens >= self.seq.num_tokens
+        self.is_prefill = self.start < self.seq.num_prompt_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.reserved_slots = 0  # sequence slots promised to parallel samples not yet forked
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, num_spec_tokens=lambda seq: 0) -> SchedulerOutput:
+        """Pick this step's work. `num_spec_tokens(seq)` says how many draft tokens a decode may verify."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled_ids: set[int] = set()
+        for seq in sorted(self.running, key=lambda s: s.in_prefill):
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            spec = 0 if seq.in_prefill else min(num_spec_tokens(seq), budget - 1)
+            num_new = min(seq.num_uncomputed_tokens + spec, budget)
+            if not self._make_room(seq, num_new, scheduled_ids, out):
+                continue  # it preempted itself
+            out.scheduled.append(ScheduledSeq(seq, num_new, spec))
+            scheduled_ids.add(seq.seq_id)
+            budget -= num_new
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _make_room(self, seq: Sequence, num_new: int, scheduled_ids: set[int], out: SchedulerOutput) -> bool:
+        while not self.block_manager.allocate(seq, num_new):
+            victims = [s for s in self.running if s.seq_id not in scheduled_ids and s is not seq]
+            victim = victims[-1] if victims else seq
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            request = seq.request
+            extra = len(request.unforked) if request.unforked and not request.slots_reserved else 0
+            if len(self.running) + self.reserved_slots + 1 + extra > self.max_num_seqs:
+                break
+            cached = self.block_manager.match_prefix(seq.token_ids)
+            num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
+            if not self.block_manager.can_admit(seq, cached, num_new):
+                break
+            self.waiting.popleft()
+            self.block_manager.admit(seq, cached)
+            self.block_manager.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            if extra:
+                self.reserved_slots += extra
+                request.slots_reserved = True
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free the sequence's blocks and requeue it first; it will be recomputed."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def add_forked(self, children: list[Sequence]) -> None:
+        """Parallel samples that now share their parent's blocks join the running batch."""
+        for child in children:
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+        self.release_reservation(children[0].request)
+
+    def release_reservation(self, request) -> None:
+        if request.slots_reserved:
+            self.reserved_slots -= len(request.unforked)
+            request.slots_reserved = False
+        request.unforked = []
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence wherever it is and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,19 @@
+"""Clients for the decoupled `llm` Triton model: `python -m client --help` for the CLI, `client.api` for code."""
+
+from client.api import (  # noqa: F401
+    FLAT_INPUTS,
+    Chunk,
+    Completion,
+    GrpcStream,
+    ServerError,
+    build_inputs,
+    chunk_from_outputs,
+    collect_http,
+    generate_grpc,
+    generate_http,
+    http_body,
+    parse_sse,
+    stream_grpc,
+    stream_http,
+)
+from client.api import __all__  # noqa: F401

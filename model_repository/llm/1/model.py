@@ -1,0 +1,121 @@
+"""Triton glue for the LLM engine: parse and validate each request, hand it to the engine, send responses.
+
+Decoupled: `execute` returns at once; the engine thread sends every response through the request's
+response sender, the last one with the FINAL flag.
+"""
+import json
+import logging
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+try:
+    import backend  # noqa: F401  (installed, or on PYTHONPATH)
+except ImportError:  # running from a checkout: the repository root is three levels up
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from backend import EngineConfig, EngineLoop, InvalidRequest, LLMEngine, RequestOutput, ServerBusy
+from backend.metrics import TritonMetricsSink
+from backend.request_inputs import INPUT_NAMES, parse_request
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class _TritonLogHandler(logging.Handler):
+    def emit(self, record):
+        level = pb_utils.Logger.log_error if record.levelno >= logging.ERROR else pb_utils.Logger.log_info
+        level(self.format(record))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("model_transaction_policy { decoupled: true } is required")
+        handler = _TritonLogHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        logging.getLogger("backend").addHandler(handler)
+        logging.getLogger("backend").setLevel(logging.INFO)
+        parameters = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        config = EngineConfig.from_parameters(parameters, base_dir=Path(args["model_repository"]))
+        self.engine = LLMEngine(config)
+        self.metrics_sink = TritonMetricsSink(
+            pb_utils, {"model": args["model_name"], "version": args["model_version"]}
+        )
+        self.engine.metrics.add_sink(self.metrics_sink)
+        self.loop = EngineLoop(self.engine).start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except (InvalidRequest, ServerBusy) as exc:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+        return None
+
+    def _submit(self, request, sender):
+        tensors = {}
+        for name in INPUT_NAMES:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                tensors[name] = tensor.as_numpy()
+        parsed = parse_request(
+            tensors, request.parameters(), self.engine.config.max_n, self.engine.max_model_len
+        )
+        writer = _ResponseWriter(sender, parsed.prompt if not parsed.exclude_input_in_output else "")
+        engine_request = self.engine.build_request(
+            uuid.uuid4().hex, parsed.prompt, parsed.params, stream=parsed.stream,
+            on_output=writer.send, is_cancelled=sender.is_cancelled,
+        )
+        self.loop.submit(engine_request)
+
+    def finalize(self):
+        self.loop.shutdown()
+        self.engine.metrics.sinks.clear()
+
+
+class _ResponseWriter:
+    """Turns engine outputs into Triton responses for one request."""
+
+    def __init__(self, sender, prompt_prefix: str):
+        self.sender = sender
+        self.prompt_prefix = prompt_prefix  # non-streaming: the prompt comes first unless excluded
+
+    def send(self, output: RequestOutput):
+        if output.error is not None:
+            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(output.error)), flags=FINAL)
+            return
+        if not output.samples:  # finished with nothing new to say
+            self.sender.send(flags=FINAL)
+            return
+        if output.request.stream:
+            for i, sample in enumerate(output.samples):
+                last = output.finished and i == len(output.samples) - 1
+                self.sender.send(self._response([sample], output), flags=FINAL if last else 0)
+        else:
+            self.sender.send(self._response(output.samples, output), flags=FINAL)
+
+    def _response(self, samples, output: RequestOutput):
+        prefix = "" if output.request.stream else self.prompt_prefix
+        ids = [s.token_ids for s in samples]
+        width = max(len(x) for x in ids)
+        id_array = np.array([x + [-1] * (width - len(x)) for x in ids], dtype=np.int32)
+        tensors = [
+            pb_utils.Tensor("text_output", np.array([(prefix + s.text).encode() for s in samples], dtype=object)),
+            pb_utils.Tensor("output_ids", id_array[0] if len(samples) == 1 else id_array),
+            pb_utils.Tensor("num_input_tokens", np.array([output.num_input_tokens], dtype=np.uint32)),
+            pb_utils.Tensor("num_output_tokens", np.array([s.num_output_tokens for s in samples], dtype=np.uint32)),
+            pb_utils.Tensor("sample_index", np.array([s.sample_index for s in samples], dtype=np.int32)),
+        ]
+        if any(s.finish_reason is not None for s in samples):
+            reasons = [(s.finish_reason.value if s.finish_reason else "").encode() for s in samples]
+            tensors.append(pb_utils.Tensor("finish_reason", np.array(reasons, dtype=object)))
+        if samples[0].logprobs is not None:
+            tensors.append(pb_utils.Tensor(
+                "logprobs", np.array([json.dumps(s.logprobs).encode() for s in samples], dtype=object)
+            ))
+        return pb_utils.InferenceResponse(output_tensors=tensors)

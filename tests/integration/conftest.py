@@ -1,0 +1,362 @@
+"""Integration suite: ONE real tritonserver for the whole session, serving several variants of the model.
+
+The `server` fixture writes a temporary model repository with one copy of `model_repository/llm` per entry
+of `VARIANTS` (its own name and engine parameters; `1/model.py` is symlinked), starts tritonserver on free
+ports through `scripts/serve.py`, waits until it is ready and stops it at the end. Add a variant by adding
+an entry to `VARIANTS` (e.g. speculative decoding ones); nothing else needs to change.
+
+The `reference` fixture computes reference outputs with Hugging Face `transformers` (greedy, one prompt at a
+time, no padding) and caches them in a JSON file under the session's tmp dir.
+
+Environment:
+    LLM_VENV             the venv that has nvidia-pytriton (read by scripts/serve.py; default .venv)
+    LLM_REFERENCE_CACHE  optional JSON file that keeps reference outputs across sessions (default: tmp dir)
+    LLM_READY_TIMEOUT_S  seconds to wait for the server to become ready (default 300)
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))  # llm_testlib
+sys.path.insert(0, str(REPO_ROOT / "scripts"))  # serve
+
+import serve  # noqa: E402
+
+SOURCE_MODEL_DIR = REPO_ROOT / "model_repository" / "llm"
+MODEL_DIR = (REPO_ROOT / "models" / "smollm2-135m-instruct").resolve()
+
+# Every variant the session's server loads: model name -> engine parameters that differ from
+# model_repository/llm/config.pbtxt (string values, as in config.pbtxt). `model` is always set to the
+# absolute path of models/smollm2-135m-instruct unless a variant sets it.
+VARIANTS: dict[str, dict[str, str]] = {
+    # Default-like, but a small token budget so that prompts longer than 64 tokens are prefilled in chunks.
+    "llm": {"max_num_batched_tokens": "64", "max_num_seqs": "32"},
+    # 40 blocks x 16 tokens = 640 tokens of KV: 24 concurrent requests must preempt.
+    "llm_small_kv": {"kv_cache_blocks": "40", "block_size": "16", "max_num_seqs": "32"},
+    # Two running sequences and at most four waiting requests: a flood is partly refused.
+    "llm_small_queue": {"max_queue_size": "4", "max_num_seqs": "2"},
+}
+
+_PARAM_RE = re.compile(r'\{\s*key:\s*"([^"]+)"\s*,\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
+_LOG_PATH: Optional[Path] = None  # for the failure summary
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/integration is an integration test."""
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.integration)
+
+
+# ------------------------------------------------------------------------------------------ model repository
+
+
+def base_parameters(config_text: str) -> dict[str, str]:
+    """The `parameters [...]` key/values of a config.pbtxt."""
+    block = _parameters_block(config_text)
+    return dict(_PARAM_RE.findall(config_text[block[0]:block[1]])) if block else {}
+
+
+def _parameters_block(text: str) -> Optional[tuple[int, int]]:
+    """(start, end) of the top-level `parameters [ ... ]` section, brackets balanced."""
+    match = re.search(r"^parameters\s*\[", text, re.MULTILINE)
+    if not match:
+        return None
+    depth, i = 0, match.end() - 1
+    while i < len(text):
+        if text[i] == "[":
+            depth += 1
+        elif text[i] == "]":
+            depth -= 1
+            if depth == 0:
+                return match.start(), i + 1
+        i += 1
+    raise ValueError("unbalanced parameters [ ... ] in config.pbtxt")
+
+
+def variant_config(config_text: str, name: str, overrides: dict[str, str]) -> str:
+    """config.pbtxt text for a variant: its name and its parameters (base values, then overrides)."""
+    params = base_parameters(config_text)
+    params["model"] = str(MODEL_DIR)
+    params.update({k: str(v) for k, v in overrides.items()})
+    lines = ",\n".join(
+        f'  {{ key: "{k}", value: {{ string_value: "{v}" }} }}' for k, v in params.items()
+    )
+    section = f"parameters [\n{lines}\n]"
+    text, count = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', config_text, count=1, flags=re.MULTILINE)
+    if count != 1:
+        raise ValueError("no top-level name: in config.pbtxt")
+    block = _parameters_block(text)
+    if block:
+        text = text[:block[0]] + section + text[block[1]:]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    return text
+
+
+def write_model_repository(root: Path, variants: dict[str, dict[str, str]]) -> Path:
+    config_text = (SOURCE_MODEL_DIR / "config.pbtxt").read_text()
+    root.mkdir(parents=True, exist_ok=True)
+    for name, overrides in variants.items():
+        version_dir = root / name / "1"
+        version_dir.mkdir(parents=True)
+        (version_dir / "model.py").symlink_to(SOURCE_MODEL_DIR / "1" / "model.py")
+        (root / name / "config.pbtxt").write_text(variant_config(config_text, name, overrides))
+    return root
+
+
+# --------------------------------------------------------------------------------------------------- metrics
+
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+MetricKey = tuple  # (name, frozenset of (label, value))
+
+
+def parse_prometheus(text: str) -> dict[MetricKey, float]:
+    """Prometheus text format -> {(name, frozenset(labels.items())): value}."""
+    out: dict[MetricKey, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE_RE.match(line)
+        if not match:
+            continue
+        name, labels, value = match.groups()
+        pairs = frozenset(_LABEL_RE.findall(labels or ""))
+        try:
+            out[(name, pairs)] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+@dataclasses.dataclass
+class Metrics:
+    """One scrape, with lookups by model."""
+
+    values: dict[MetricKey, float]
+
+    def get(self, name: str, model: str = "llm", default: float = 0.0, **labels: str) -> float:
+        key = (name, frozenset({"model": model, "version": "1", **labels}.items()))
+        return self.values.get(key, default)
+
+    def has(self, name: str, model: str = "llm", **labels: str) -> bool:
+        return (name, frozenset({"model": model, "version": "1", **labels}.items())) in self.values
+
+    def multi_sequence_steps(self, model: str = "llm") -> float:
+        """Engine steps whose batch held more than one sequence (llm_step_num_sequences count - le=1)."""
+        return self.get("llm_step_num_sequences_count", model) - self.get(
+            "llm_step_num_sequences_bucket", model, le="1"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- server
+
+
+@dataclasses.dataclass
+class LLMServer:
+    proc: object
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+    repository: Path
+    variants: dict[str, dict[str, str]]
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as resp:
+            return resp.read().decode("utf-8")
+
+    def metrics(self) -> Metrics:
+        """Scrape the metrics port: a Metrics holding {(name, frozenset(labels)): value}."""
+        return Metrics(parse_prometheus(self.metrics_text()))
+
+    def wait_for(self, predicate: Callable[[Metrics], bool], timeout_s: float = 30.0,
+                 poll_s: float = 0.2) -> Metrics:
+        """Scrape until predicate(metrics) holds; returns the last scrape (check the predicate again)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.metrics()
+            if predicate(m) or time.monotonic() >= deadline:
+                return m
+            time.sleep(poll_s)
+
+    def wait_idle(self, model: str = "llm", timeout_s: float = 30.0) -> Metrics:
+        """Wait until `model` runs nothing, has nothing waiting and holds no KV blocks."""
+        return self.wait_for(lambda m: is_idle(m, model), timeout_s)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 80) -> str:
+        return serve.log_tail(self.log_path, lines)
+
+
+def is_idle(m: Metrics, model: str) -> bool:
+    return (
+        m.get("llm_requests_running", model, default=-1) == 0
+        and m.get("llm_requests_waiting", model, default=-1) == 0
+        and m.get("llm_kv_cache_blocks_used", model, default=-1) == 0
+    )
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> LLMServer:
+    """The session's tritonserver with every model of VARIANTS loaded."""
+    global _LOG_PATH
+    try:
+        serve.site_packages()
+    except FileNotFoundError as e:
+        pytest.skip(f"no tritonserver: {e}")
+    if not (serve.BACKEND_DIR / "python" / "triton_python_backend_stub").is_file():
+        pytest.skip("the Triton backend directory .triton/backends is missing: run `make triton`")
+    if not (MODEL_DIR / "config.json").is_file():
+        pytest.skip(f"no model at {MODEL_DIR}: run `make model`")
+    base = tmp_path_factory.mktemp("triton")
+    repository = write_model_repository(base / "model_repository", VARIANTS)
+    log_path = base / "tritonserver.log"
+    _LOG_PATH = log_path
+    ports = [serve.free_port() for _ in range(3)]
+    proc = serve.start_server(repository, *ports, log_path)
+    try:
+        serve.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "300")))
+        srv = LLMServer(proc, *ports, log_path, repository, VARIANTS)
+        m = srv.metrics()
+        missing = [name for name in VARIANTS if not m.has("llm_kv_cache_blocks_total", name)]
+        assert not missing, f"no metrics for model(s) {missing}; log tail:\n{srv.log_tail()}"
+        yield srv
+    finally:
+        code = serve.stop_server(proc)
+        sys.stderr.write(f"\n[integration] tritonserver stopped (exit code {code}); log: {log_path}\n")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """On failures, show the server log's tail."""
+    if _LOG_PATH is None or exitstatus == 0:
+        return
+    if not terminalreporter.stats.get("failed") and not terminalreporter.stats.get("error"):
+        return
+    terminalreporter.section("tritonserver log tail")
+    terminalreporter.write_line(f"(full log: {_LOG_PATH})")
+    terminalreporter.write_line(serve.log_tail(_LOG_PATH, 80))
+
+
+# ------------------------------------------------------------------------------------------------- reference
+
+
+@dataclasses.dataclass(frozen=True)
+class RefOutput:
+    token_ids: list[int]
+    text: str  # decoded like the server (special tokens skipped)
+
+
+class Reference:
+    """Hugging Face greedy outputs, one prompt at a time (batch 1, no padding), cached in a JSON file."""
+
+    def __init__(self, cache_path: Path):
+        self.cache_path = cache_path
+        self._lock = threading.Lock()
+        self._model = None
+        self._tokenizer = None
+        self._fingerprint = _model_fingerprint()
+        self._cache: dict[str, dict] = {}
+        if cache_path.exists():
+            try:
+                data = json.loads(cache_path.read_text())
+                if data.get("fingerprint") == self._fingerprint:
+                    self._cache = data["entries"]
+            except (ValueError, KeyError):
+                pass
+
+    @staticmethod
+    def _key(prompt: str, max_tokens: int) -> str:
+        return f"{max_tokens}\x00{prompt}"
+
+    def _load(self):
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+            self._model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
+        return self._model, self._tokenizer
+
+    def tokenizer(self):
+        return self._load()[1]
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return self.tokenizer()(prompt).input_ids
+
+    def get(self, prompt: str, max_tokens: int) -> RefOutput:
+        return self.many([(prompt, max_tokens)])[0]
+
+    def many(self, cases: list[tuple[str, int]]) -> list[RefOutput]:
+        with self._lock:
+            missing = [c for c in dict.fromkeys(cases) if self._key(*c) not in self._cache]
+            if missing:
+                import torch
+
+                model, tok = self._load()
+                for prompt, max_tokens in missing:
+                    ids = tok(prompt, return_tensors="pt").input_ids
+                    with torch.inference_mode():
+                        out = model.generate(
+                            ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=max_tokens, pad_token_id=tok.eos_token_id,
+                        )
+                    new = out[0, ids.shape[1]:].tolist()
+                    text = tok.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                    self._cache[self._key(prompt, max_tokens)] = {"token_ids": new, "text": text}
+                tmp = self.cache_path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"fingerprint": self._fingerprint, "entries": self._cache}))
+                tmp.replace(self.cache_path)
+            return [RefOutput(**self._cache[self._key(*c)]) for c in cases]
+
+
+def _model_fingerprint() -> str:
+    h = hashlib.sha256()
+    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+        p = MODEL_DIR / name
+        if p.exists():
+            h.update(p.read_bytes())
+    weights = MODEL_DIR / "model.safetensors"
+    if weights.exists():
+        st = weights.stat()
+        h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> Reference:
+    if not (MODEL_DIR / "config.json").is_file():
+        pytest.skip(f"no model at {MODEL_DIR}: run `make model`")
+    cache = os.environ.get("LLM_REFERENCE_CACHE")
+    path = Path(cache) if cache else tmp_path_factory.mktemp("reference") / "hf_greedy.json"
+    return Reference(path)

@@ -1,0 +1,143 @@
+"""Shared fixtures for the engine unit tests: tiny random Hugging Face models (with the real SmolLM2
+tokenizer, so detokenization is real), Hugging Face greedy references, and fake sequences for the
+block manager and scheduler tests."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SMOL_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+VOCAB_SIZE = 49152  # SmolLM2's vocabulary
+EOS_ID = 2  # <|im_end|>
+
+needs_tokenizer = pytest.mark.skipif(
+    not (SMOL_DIR / "tokenizer.json").exists(), reason=f"no tokenizer at {SMOL_DIR} (make model)"
+)
+
+
+def _tiny_config(family: str, **overrides):
+    import transformers
+
+    common = dict(vocab_size=VOCAB_SIZE, bos_token_id=1, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+    if family == "gpt2":
+        kwargs = dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, n_inner=128)
+        return transformers.GPT2Config(**{**common, **kwargs, **overrides})
+    kwargs = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512,
+    )
+    cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
+    }[family]
+    return cls(**{**common, **kwargs, **overrides})
+
+
+def make_tiny_model(folder: Path, family: str = "llama", seed: int = 0, **overrides) -> str:
+    """A randomly initialised model of `family` saved in `folder` with SmolLM2's tokenizer files."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_tiny_config(family, **overrides))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(SMOL_DIR / name, folder / name)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """family -> path of a tiny random model of that family (created once per session)."""
+    if not (SMOL_DIR / "tokenizer.json").exists():
+        pytest.skip(f"no tokenizer at {SMOL_DIR} (make model)")
+    cache: dict[str, str] = {}
+
+    def get(family: str = "llama") -> str:
+        if family not in cache:
+            cache[family] = make_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family)
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory) -> str:
+    return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    if not (SMOL_DIR / "tokenizer.json").exists():
+        pytest.skip(f"no tokenizer at {SMOL_DIR} (make model)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(SMOL_DIR)
+
+
+@pytest.fixture(scope="session")
+def hf_model_cache():
+    """path -> the Hugging Face model (eager attention), loaded once."""
+    cache = {}
+
+    def get(path: str):
+        if path not in cache:
+            from transformers import AutoModelForCausalLM
+
+            cache[path] = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+        return cache[path]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model_cache):
+    """(path, prompt ids, max_new_tokens) -> the new tokens of HF greedy `generate`, stopping after EOS."""
+    import torch
+
+    memo: dict = {}
+
+    def run(path: str, prompt_ids: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
+        key = (path, tuple(prompt_ids), max_new_tokens, stop_at_eos)
+        if key not in memo:
+            model = hf_model_cache(path)
+            ids = torch.tensor([prompt_ids])
+            with torch.no_grad():
+                out = model.generate(
+                    ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                    eos_token_id=EOS_ID if stop_at_eos else None, pad_token_id=EOS_ID,
+                )
+            new = out[0, len(prompt_ids):].tolist()
+            if stop_at_eos and EOS_ID in new:
+                new = new[: new.index(EOS_ID) + 1]
+            memo[key] = new
+        return list(memo[key])
+
+    return run
+
+
+# ------------------------------------------------------------------------------------- fake sequences
+
+@pytest.fixture
+def make_seq():
+    """tokens -> a real `Sequence` (of a real `Request`) with no detokenizer: enough for blocks/scheduling."""
+    from backend.request import Request, Sequence
+    from backend.sampling_params import SamplingParams
+
+    counter = iter(range(1_000_000))
+
+    def make(tokens, params: SamplingParams | None = None, request_id: str | None = None) -> Sequence:
+        request = Request(
+            request_id or f"r{next(counter)}", "", list(tokens), params or SamplingParams(),
+        )
+        seq = Sequence(request, 0, detokenizer=None)
+        request.sequences = [seq]
+        return seq
+
+    return make

@@ -1,0 +1,133 @@
+"""Speculative decoding inside the engine: exactness against plain decoding, acceptance, stop rules, and
+an exact target distribution for sampled requests (chi-square)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend import EngineConfig, LLMEngine, SamplingParams
+
+SMOL_DIR = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct"
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+    "Hello",
+    "A long prompt that spans several blocks of the cache " * 6,
+]
+
+
+def _run(engine: LLMEngine, prompts, **params) -> dict[str, tuple[list[int], str, str]]:
+    """Run every prompt at once to completion; returns id -> (token ids, text, finish reason)."""
+    for i, prompt in enumerate(prompts):
+        sp = SamplingParams.from_dict(params)
+        engine.add_request(engine.build_request(str(i), prompt, sp, stream=True))
+    tokens, texts, reasons = {}, {}, {}
+    while engine.has_work():
+        for out in engine.step():
+            for sample in out.samples:
+                tokens.setdefault(out.request_id, []).extend(sample.token_ids)
+                texts[out.request_id] = texts.get(out.request_id, "") + sample.text
+                if sample.finish_reason:
+                    reasons[out.request_id] = sample.finish_reason.value
+    assert engine.block_manager.num_used_blocks == 0
+    return {rid: (tokens.get(rid, []), texts.get(rid, ""), reasons[rid]) for rid in reasons}
+
+
+def _engine(model: str, **overrides) -> LLMEngine:
+    settings = dict(model=model, kv_cache_blocks=256, block_size=4, max_num_batched_tokens=48, max_num_seqs=8)
+    return LLMEngine(EngineConfig(**{**settings, **overrides}))
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(tiny_llama):
+    return _run(_engine(tiny_llama), PROMPTS, temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.mark.parametrize(
+    "draft, dtype, k",
+    [("self", "float32", 4), ("self", "bfloat16", 3), ("ngram", "float32", 3), ("self", "float32", 1)],
+)
+def test_greedy_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draft, dtype, k):
+    engine = _engine(tiny_llama, draft_model=draft, draft_dtype=dtype, num_speculative_tokens=k)
+    assert _run(engine, PROMPTS, temperature=0, max_tokens=24, ignore_eos=True) == plain_greedy
+    assert engine.metrics.total("llm_spec_decode_num_drafts_total") > 0
+
+
+def test_identical_draft_accepts_everything_and_emits_k_plus_one(tiny_llama):
+    k = 4
+    engine = _engine(tiny_llama, draft_model="self", draft_dtype="float32", num_speculative_tokens=k)
+    _run(engine, PROMPTS[:2], temperature=0, max_tokens=1 + 5 * (k + 1), ignore_eos=True)
+    m = engine.metrics
+    drafts = m.total("llm_spec_decode_num_drafts_total")
+    assert m.total("llm_spec_decode_num_accepted_tokens_total") == m.total("llm_spec_decode_num_draft_tokens_total")
+    assert m.total("llm_spec_decode_num_draft_tokens_total") == drafts * k  # every step verified k, emitted k+1
+    assert drafts == 2 * 5
+    per_pos = m.counters["llm_spec_decode_num_accepted_tokens_per_pos_total"]
+    assert {dict(key)["position"]: v for key, v in per_pos.items()} == {p: drafts for p in range(k)}
+
+
+def test_stop_rules_cut_where_plain_decoding_cuts(tiny_llama):
+    plain = _run(_engine(tiny_llama), PROMPTS, temperature=0, max_tokens=13, stop=["e", "\n"])
+    spec = _engine(tiny_llama, draft_model="self", draft_dtype="float32", num_speculative_tokens=4)
+    assert _run(spec, PROMPTS, temperature=0, max_tokens=13, stop=["e", "\n"]) == plain
+
+
+def test_per_request_zero_turns_speculation_off(tiny_llama):
+    engine = _engine(tiny_llama, draft_model="ngram", num_speculative_tokens=3)
+    _run(engine, PROMPTS, temperature=0, max_tokens=8, num_speculative_tokens=0)
+    assert engine.metrics.total("llm_spec_decode_num_drafts_total") == 0
+
+
+def test_large_batch_turns_speculation_off(tiny_llama):
+    engine = _engine(tiny_llama, draft_model="self", num_speculative_tokens=2, spec_max_batch_size=2)
+    _run(engine, PROMPTS, temperature=0, max_tokens=6, ignore_eos=True)
+    drafts = engine.metrics.total("llm_spec_decode_num_drafts_total")
+    solo = _engine(tiny_llama, draft_model="self", num_speculative_tokens=2, spec_max_batch_size=2)
+    _run(solo, PROMPTS[:1], temperature=0, max_tokens=6, ignore_eos=True)
+    assert drafts < 5 * solo.metrics.total("llm_spec_decode_num_drafts_total")
+
+
+def test_seeded_sampling_with_speculation_is_reproducible(tiny_llama):
+    def once():
+        engine = _engine(tiny_llama, draft_model="self", draft_dtype="bfloat16", num_speculative_tokens=3)
+        return _run(engine, PROMPTS, temperature=1.0, top_p=0.9, seed=42, max_tokens=16)
+
+    assert once() == once()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SMOL_DIR / "model.safetensors").exists(), reason="needs the default model (make model)")
+def test_sampled_token_frequencies_match_without_speculation():
+    """Temperature 1: frequencies of the first three generated tokens over many seeded requests, spec on
+    (draft = the target in bf16, whose distribution differs) vs off, pass a chi-square test at alpha = 0.001."""
+    from scipy.stats import chi2_contingency
+
+    prompt, samples, positions = "My favourite food is", 240, 3
+
+    def frequencies(**spec) -> list[dict[int, int]]:
+        engine = LLMEngine(EngineConfig(
+            model=str(SMOL_DIR), kv_cache_blocks=2048, max_num_seqs=samples, max_num_batched_tokens=4096,
+            spec_max_batch_size=samples, **spec,
+        ))
+        for i in range(samples):
+            params = SamplingParams.from_dict({"temperature": 1.0, "seed": 1000 + i, "max_tokens": positions,
+                                               "ignore_eos": True})
+            engine.add_request(engine.build_request(str(i), prompt, params))
+        counts = [dict() for _ in range(positions)]
+        while engine.has_work():
+            for out in engine.step():
+                for pos, token in enumerate(out.samples[0].token_ids if out.finished else []):
+                    counts[pos][token] = counts[pos].get(token, 0) + 1
+        return counts
+
+    plain = frequencies()
+    spec = frequencies(draft_model="self", draft_dtype="bfloat16", num_speculative_tokens=2)
+    for pos in range(1, positions):  # position 0 comes from the prefill, before any speculation
+        tokens = sorted(set(plain[pos]) | set(spec[pos]), key=lambda t: -(plain[pos].get(t, 0) + spec[pos].get(t, 0)))
+        head, tail = tokens[:8], tokens[8:]  # pool the rare tokens so every expected count is reasonable
+        table = [[c.get(t, 0) for t in head] + [sum(c.get(t, 0) for t in tail)] for c in (plain[pos], spec[pos])]
+        table = [list(col) for col in zip(*table) if sum(col) > 0]
+        _, p_value, _, _ = chi2_contingency(torch.tensor(table).T.tolist())
+        assert p_value > 0.001, f"position {pos}: token frequencies differ (p={p_value:.2g}): {table}"
