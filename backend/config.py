@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -19,6 +19,7 @@ _FALSE = ("0", "false", "no", "off")
 class EngineConfig:
     model: str
     dtype: str = "float32"
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     draft_model: str = ""  # a folder, "self", "ngram", or "" for no speculation
     draft_dtype: str = "bfloat16"
     num_speculative_tokens: int = 0
@@ -37,7 +38,6 @@ class EngineConfig:
     log_batch_visualization: bool = False
     num_threads: int = 0  # torch intra-op threads; 0: torch's default
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def speculative(self) -> bool:
@@ -46,7 +46,7 @@ class EngineConfig:
     @classmethod
     def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> "EngineConfig":
         """Build from string key/values (Triton `parameters`); unknown keys and bad values raise ConfigError."""
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - set(fields))
         if unknown:
             raise ConfigError(f"unknown parameter(s) {unknown}; allowed: {sorted(fields)}")
@@ -66,6 +66,8 @@ class EngineConfig:
     def validate(self) -> None:
         if not (Path(self.model) / "config.json").exists():
             raise ConfigError(f"parameter 'model': no Hugging Face model folder (config.json) at {self.model!r}")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ConfigError(f"parameter 'device' must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         for name in ("dtype", "draft_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise ConfigError(f"parameter '{name}' must be one of {list(_DTYPES)}, got {getattr(self, name)!r}")

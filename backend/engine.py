@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from .block_manager import BlockManager
-from .config import EngineConfig
+from .config import ConfigError, EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .metrics import EngineMetrics
 from .model_runner import DTYPES, ForwardItem, ModelRunner
@@ -38,8 +38,8 @@ class LLMEngine:
             shape.kv_bytes_per_token(DTYPES[config.dtype]) * config.block_size
         )
         if num_blocks < 1:
-            raise ValueError("parameter 'kv_cache_memory_bytes' is too small for a single KV block")
-        self.runner = ModelRunner(config.model, config.dtype, config.block_size, num_blocks)
+            raise ConfigError("parameter 'kv_cache_memory_bytes' is too small for a single KV block")
+        self.runner = ModelRunner(config.model, config.dtype, config.block_size, num_blocks, config.device)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)  # the engine thread's (decoding)
         self.input_tokenizer = AutoTokenizer.from_pretrained(config.model)  # callers' thread (encoding)
         self.eos_token_ids = _eos_token_ids(config.model, self.tokenizer)
@@ -69,9 +69,9 @@ class LLMEngine:
         if config.draft_model == "ngram":
             return NgramProposer(config.ngram_min, config.ngram_max)
         path = config.model if config.draft_model == "self" else config.draft_model
-        runner = ModelRunner(path, config.draft_dtype, config.block_size, num_blocks)
+        runner = ModelRunner(path, config.draft_dtype, config.block_size, num_blocks, config.device)
         if runner.shape.vocab_size < self.vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"parameter 'draft_model': its vocabulary ({runner.shape.vocab_size}) is smaller than the "
                 f"target's ({self.vocab_size}); the draft must share the target's tokenizer"
             )
@@ -106,6 +106,10 @@ class LLMEngine:
             raise InvalidRequest(
                 f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) can never fit the KV "
                 f"cache of {self.block_manager.num_blocks * self.config.block_size} tokens"
+            )
+        if params.n > self.config.max_num_seqs:
+            raise InvalidRequest(
+                f"n must be at most {self.config.max_num_seqs} (max_num_seqs: the samples run together), got {params.n}"
             )
         bad_ids = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad_ids:

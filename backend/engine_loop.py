@@ -80,12 +80,12 @@ class EngineLoop:
             self._stopping.set()
         self._wakeup.set()
         self._thread.join(timeout=timeout_s)
-        leftovers = list(self._incoming) + list(self.engine.requests.values())
-        self._incoming.clear()
-        for request in leftovers:
-            request.error = "the server is shutting down"
-            output = self.engine.abort(request.request_id) if request.request_id in self.engine.requests else None
-            self._deliver(output or _error_output(request, request.error))
+        message = "the server is shutting down"
+        while self._incoming:  # never reached the engine
+            self._deliver(_error_output(self._incoming.popleft(), message))
+        for request in list(self.engine.requests.values()):
+            request.error = message
+            self._deliver(self.engine.abort(request.request_id))
 
 
 def _error_output(request: Request, error: str) -> RequestOutput:

@@ -50,17 +50,18 @@ class ForwardItem:
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, dtype: str, block_size: int, num_blocks: int):
+    def __init__(self, model_path: str, dtype: str, block_size: int, num_blocks: int, device: str = "cpu"):
         self.dtype = DTYPES[dtype]
+        self.device = torch.device(device)
         self.block_size = block_size
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME
-        ).eval()
+        ).to(self.device).eval()
         self.shape = ModelShape.of(self.model.config)
         self.num_blocks = num_blocks
         s = self.shape
         self.kv_cache = torch.zeros(
-            s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim, dtype=self.dtype
+            s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim, dtype=self.dtype, device=self.device
         )
 
     @staticmethod
@@ -69,13 +70,13 @@ class ModelRunner:
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if copies:
-            src = torch.tensor([c[0] for c in copies])
-            dst = torch.tensor([c[1] for c in copies])
+            src = torch.tensor([c[0] for c in copies], device=self.device)
+            dst = torch.tensor([c[1] for c in copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
     @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
-        """Run one pass over all items; returns float32 logits [sum(num_logits), vocab]."""
+        """Run one pass over all items; returns float32 logits [sum(num_logits), vocab] on the CPU."""
         tokens, positions, slices, keep = [], [], [], []
         for item in items:
             start_row = len(tokens)
@@ -86,10 +87,10 @@ class ModelRunner:
             keep.extend(range(start_row + n - item.num_logits, start_row + n))
         meta = build_metadata(slices, self.block_size, self.kv_cache)
         out = self.model(
-            input_ids=torch.tensor([tokens]),
-            position_ids=torch.tensor([positions]),
+            input_ids=torch.tensor([tokens], device=self.device),
+            position_ids=torch.tensor([positions], device=self.device),
             use_cache=False,
-            logits_to_keep=torch.tensor(keep, dtype=torch.long),
+            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
             paged_attention=meta,
         )
-        return out.logits[0].float()
+        return out.logits[0].float().cpu()

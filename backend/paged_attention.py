@@ -56,7 +56,10 @@ def build_metadata(
     short = [s for s in slices if s.num_tokens <= _SHORT_QUERY]
     groups = [_group(short, block_size)] if short else []
     groups += [_group([s], block_size) for s in slices if s.num_tokens > _SHORT_QUERY]
-    return AttentionMetadata(torch.tensor(slots, dtype=torch.long), groups, kv_cache)
+    device = kv_cache.device
+    if device.type != "cpu":
+        groups = [AttentionGroup(*(t.to(device) for t in vars(g).values())) for g in groups]
+    return AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), groups, kv_cache)
 
 
 def _group(slices: list[SeqSlice], block_size: int) -> AttentionGroup:
@@ -87,7 +90,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     """query [1, H, T, D], key/value [1, KVH, T, D] for the flat batch; returns ([1, T, H, D], None)."""
     meta: AttentionMetadata = kwargs["paged_attention"]
     layer_cache = meta.kv_cache[module.layer_idx]
-    num_blocks, block_size, kv_heads, head_dim = layer_cache.shape[1:]
+    kv_heads, head_dim = layer_cache.shape[-2:]
     key_cache = layer_cache[0].view(-1, kv_heads, head_dim)
     value_cache = layer_cache[1].view(-1, kv_heads, head_dim)
     key_cache.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1).to(key_cache.dtype))

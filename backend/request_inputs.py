@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .sampling_params import InvalidRequest, SamplingParams
+from .sampling_params import InvalidRequest, SamplingParams, as_bool, resolve_aliases
 
 # Flat tensors that carry sampling parameters (besides sampling_parameters itself).
 SAMPLING_TENSORS = (
@@ -75,32 +75,29 @@ def parse_request(
 ) -> ParsedRequest:
     """Merge request parameters < sampling_parameters < flat tensors, then validate."""
     merged: dict[str, Any] = {}
-    merged.update(_json_object("request parameters", parameters_json))
-    if "sampling_parameters" in merged:  # a generate-endpoint body may carry it as a parameter
-        merged.update(_json_object("sampling_parameters", _text("sampling_parameters", merged.pop("sampling_parameters"))))
+    request_parameters = _json_object("request parameters", parameters_json)
+    embedded = request_parameters.pop("sampling_parameters", None)  # a generate body may carry it as a parameter
+    merged.update(resolve_aliases(request_parameters))
+    if embedded is not None:
+        merged.update(resolve_aliases(_json_object("sampling_parameters", _text("sampling_parameters", embedded))))
     if "sampling_parameters" in tensors:
-        merged.update(_json_object("sampling_parameters", _scalar("sampling_parameters", tensors["sampling_parameters"])))
+        text = _scalar("sampling_parameters", tensors["sampling_parameters"])
+        merged.update(resolve_aliases(_json_object("sampling_parameters", text)))
+    flat = {}
     for name, array in tensors.items():
         if name in LIST_TENSORS:
-            merged[name] = _list(name, array)
+            flat[name] = _list(name, array)
         elif name != "sampling_parameters":
-            merged[name] = _scalar(name, array)
+            flat[name] = _scalar(name, array)
+    merged.update(resolve_aliases(flat))
     if "text_input" not in merged:
         raise InvalidRequest("text_input is required: the prompt as a string")
     prompt = _text("text_input", merged.pop("text_input"))
     if not prompt:
         raise InvalidRequest("text_input must be a non-empty string")
     # finish_reason and the token counts are always sent; their return_* flags are only checked.
-    flags = {name: _flag(name, merged.pop(name)) for name in FLAG_NAMES if name in merged}
+    flags = {name: as_bool(name, merged.pop(name)) for name in FLAG_NAMES if name in merged}
     if flags.get("return_logprobs"):
         merged.setdefault("logprobs", 0)
     params = SamplingParams.from_dict(merged, max_n=max_n, max_tokens_limit=max_tokens_limit)
     return ParsedRequest(prompt, params, flags.get("stream", False), flags.get("exclude_input_in_output", False))
-
-
-def _flag(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise InvalidRequest(f"{name} must be true or false, got {value!r}")

@@ -47,10 +47,11 @@ class Sampler:
         if params.top_k > 0 and params.top_k < probs.shape[-1]:
             kth = torch.topk(probs, params.top_k).values[-1]
             probs = torch.where(probs >= kth, probs, 0.0)
+            probs = probs / probs.sum()
         if params.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             cumulative = torch.cumsum(sorted_probs, dim=-1)
-            drop_sorted = cumulative - sorted_probs > params.top_p  # keep the smallest set reaching top_p
+            drop_sorted = cumulative - sorted_probs >= params.top_p  # keep the smallest set reaching top_p
             probs = probs.scatter(-1, order, torch.where(drop_sorted, 0.0, sorted_probs))
         if params.min_p > 0.0:
             probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)

@@ -46,9 +46,7 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], max_n: int = 8, max_tokens_limit: int = 1 << 20) -> "SamplingParams":
-        values = dict(values)
-        if "stop_words" in values:
-            values.setdefault("stop", values.pop("stop_words"))
+        values = resolve_aliases(values)
         unknown = sorted(set(values) - set(_PARSERS))
         if unknown:
             raise InvalidRequest(f"unknown sampling parameter(s) {unknown}; allowed: {sorted(_PARSERS)}")
@@ -87,6 +85,16 @@ class SamplingParams:
             raise InvalidRequest("stop strings must not be empty")
 
 
+def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
+    """`stop_words` (TensorRT-LLM's name) means `stop`; within one source an explicit `stop` wins."""
+    if "stop_words" not in values:
+        return values
+    values = dict(values)
+    alias = values.pop("stop_words")
+    values.setdefault("stop", alias)
+    return values
+
+
 def _in_range(name: str, value, low, high, hint: str = "") -> None:
     if not low <= value <= high:
         raise InvalidRequest(f"{name} must be between {low} and {high}{hint}, got {value}")
@@ -119,7 +127,7 @@ def _as_float(name: str, value) -> float:
     return number
 
 
-def _as_bool(name: str, value) -> bool:
+def as_bool(name: str, value) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
@@ -144,8 +152,9 @@ def _as_int_list(name: str, value) -> list[int]:
 
 
 def _as_logprobs(name: str, value) -> int | None:
-    if isinstance(value, bool):
-        return 0 if value else None
+    """An integer k (the top k alternatives too), or true/false for just the chosen token's logprob."""
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false")):
+        return 0 if as_bool(name, value) else None
     return _as_int(name, value)
 
 
@@ -164,9 +173,9 @@ _PARSERS = {
     "seed": _as_int,
     "stop": _as_stop,
     "stop_token_ids": _as_int_list,
-    "ignore_eos": _as_bool,
-    "include_stop_str_in_output": _as_bool,
-    "skip_special_tokens": _as_bool,
+    "ignore_eos": as_bool,
+    "include_stop_str_in_output": as_bool,
+    "skip_special_tokens": as_bool,
     "logprobs": _as_logprobs,
     "num_speculative_tokens": _as_int,
 }

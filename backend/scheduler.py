@@ -65,7 +65,9 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            spec = 0 if seq.in_prefill else min(num_spec_tokens(seq), budget - 1)
+            # only a decode speculates: not a prompt (even its last token) nor a recomputation in progress
+            decoding = seq.num_uncomputed_tokens == 1 and not seq.in_prefill
+            spec = min(num_spec_tokens(seq), budget - 1) if decoding else 0
             num_new = min(seq.num_uncomputed_tokens + spec, budget)
             if not self._make_room(seq, num_new, scheduled_ids, out):
                 continue  # it preempted itself

@@ -76,3 +76,231 @@ def run_engine(engine, prompts: list[str], params: dict, concurrency: int) -> Ru
                 in_flight -= 1
     wall = time.perf_counter() - start
     return RunResult(wall, output_tokens, [first[r] - arrival[r] for r in first], itl)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Shared by benchmarks/bench.py (added after run_engine; the pieces above keep their behaviour).
+
+# The seed workload of /work/shared/seeds/continuous_batching_from_scratch.txt ("8. Code Snippets"): 32
+# (prompt, max_tokens) requests, batch size 8. Listed there in full; copied verbatim.
+SEED_WORKLOAD: list[tuple[str, int]] = [
+    ("Explain the concept of supply and demand", 255),
+    ("Write a short story about a time traveler", 39),
+    ("Explain how a computer processor works", 26),
+    ("Write a brief biography of Marie Curie", 83),
+    ("Describe the process of photosynthesis", 72),
+    ("Explain the rules of chess", 98),
+    ("Write a recipe for chocolate chip cookies", 30),
+    ("Describe the water cycle", 37),
+    ("Explain the theory of relativity", 87),
+    ("Write a short essay on climate change", 62),
+    ("Describe the structure of a cell", 24),
+    ("List the main events of World War II", 75),
+    ("Compose a haiku about autumn", 17),
+    ("Summarize the plot of Romeo and Juliet", 291),
+    ("Describe the process of making coffee", 46),
+    ("Write a short story about a time traveler", 68),
+    ("Explain the concept of supply and demand", 13),
+    ("Describe the water cycle", 95),
+    ("Explain how a computer processor works", 58),
+    ("Write a brief biography of Marie Curie", 42),
+    ("Compose a haiku about autumn", 81),
+    ("Explain the rules of chess", 33),
+    ("Write a recipe for chocolate chip cookies", 77),
+    ("Describe the structure of a cell", 50),
+    ("Summarize the plot of Romeo and Juliet", 222),
+    ("List the main events of World War II", 66),
+    ("Describe the process of photosynthesis", 89),
+    ("Write a short essay on climate change", 35),
+    ("Explain the theory of relativity", 70),
+    ("Describe the process of making coffee", 19),
+    ("Write a short story about a time traveler", 93),
+    ("Explain the concept of supply and demand", 448),
+]
+SEED_BATCH_SIZE = 8
+SEED_SPEEDUP = 88.22 / 52.36  # the seed's synchronous / continuous durations: 1.68x (the issue rounds to 1.69x)
+
+
+def percentile(values, q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation; nan when empty."""
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    k = (len(values) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+@dataclass
+class LoadResult:
+    """A closed-loop run of requests at a fixed concurrency (through Triton, or any other client)."""
+
+    wall_s: float
+    output_tokens: int
+    num_requests: int
+    ttft_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)  # per gap, GenAI-Perf: gap / tokens in the later response
+    e2e_s: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+def run_engine_requests(engine, requests: list[tuple[str, int]], params: dict, concurrency: int) -> LoadResult:
+    """Like run_engine, with each request's own max_tokens and per-request latencies (in-process engine)."""
+    from backend import SamplingParams
+
+    pending = list(enumerate(requests))
+    in_flight = 0
+    arrival, first, last, done = {}, {}, {}, {}
+    itl: list[float] = []
+    output_tokens = 0
+    start = time.perf_counter()
+    while pending or engine.has_work():
+        while pending and in_flight < concurrency:
+            i, (prompt, max_tokens) = pending.pop(0)
+            request = engine.build_request(
+                f"r{i}", prompt, SamplingParams.from_dict({**params, "max_tokens": max_tokens}), stream=True
+            )
+            engine.add_request(request)
+            arrival[request.request_id] = time.perf_counter()
+            in_flight += 1
+        for out in engine.step():
+            now = time.perf_counter()
+            tokens = sum(len(s.token_ids) for s in out.samples)
+            rid = out.request_id
+            if tokens:
+                if rid not in first:
+                    first[rid] = now
+                else:
+                    itl.append((now - last[rid]) / tokens)
+                last[rid] = now
+                output_tokens += tokens
+            if out.finished:
+                done[rid] = now
+                in_flight -= 1
+    wall = time.perf_counter() - start
+    return LoadResult(wall, output_tokens, len(requests), [first[r] - arrival[r] for r in first], itl,
+                      [done[r] - arrival[r] for r in done])
+
+
+def run_triton(grpc_url: str, model: str, requests: list[tuple[str, int]], params: dict, concurrency: int,
+               timeout_s: float = 600.0) -> LoadResult:
+    """Send `requests` over gRPC streaming with at most `concurrency` in flight (one thread and one reused
+    channel per slot, each request sent as soon as its slot's previous one finished)."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    from client.api import Completion, GrpcStream
+
+    lock = threading.Lock()
+    queue = list(requests)
+    completions: list[Completion] = []
+    errors: list[str] = []
+    clients = [grpcclient.InferenceServerClient(grpc_url) for _ in range(max(1, concurrency))]
+
+    def worker(client) -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                prompt, max_tokens = queue.pop(0)
+            try:
+                stream = GrpcStream(prompt, grpc_url, model, stream=True, client=client, timeout_s=timeout_s,
+                                    **{**params, "max_tokens": max_tokens})
+                completion = stream.completion()
+            except Exception as exc:  # noqa: BLE001  (reported, the run goes on)
+                with lock:
+                    errors.append(str(exc))
+                continue
+            with lock:
+                completions.append(completion)
+
+    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    for c in clients:
+        c.close()
+    return LoadResult(
+        wall, sum(c.num_output_tokens for c in completions), len(completions),
+        [c.ttft_s for c in completions if c.ttft_s is not None], [x for c in completions for x in c.itl_s],
+        [c.e2e_s for c in completions], errors,
+    )
+
+
+def measure_ceilings(seconds: float = 1.0, size: int = 1024, read_mib: int = 256) -> dict[str, float]:
+    """The machine's ceilings at the current torch thread count: fp32 and bf16 matmul GFLOP/s (square
+    matmuls of `size`) and memory read bandwidth GB/s (summing a `read_mib` MiB fp32 tensor, much larger than
+    the caches). Each is the median of repeated timings over about `seconds`."""
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a = torch.randn(size, size, dtype=dtype)
+        b = torch.randn(size, size, dtype=dtype)
+        a @ b  # warm-up
+        out[f"matmul_{name}_gflops"] = 2 * size**3 / _median_time(lambda: a @ b, seconds) / 1e9
+    x = torch.ones(read_mib * 2**20 // 4, dtype=torch.float32)
+    x.sum()
+    out["mem_read_gbs"] = x.numel() * 4 / _median_time(x.sum, seconds) / 1e9
+    return out
+
+
+def _median_time(fn, seconds: float) -> float:
+    times = []
+    deadline = time.perf_counter() + seconds
+    while len(times) < 3 or (time.perf_counter() < deadline and len(times) < 1000):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def write_model_repository(root: Path, variants: dict[str, dict[str, str]],
+                           source: Path = REPO_ROOT / "model_repository" / "llm") -> Path:
+    """A temporary model repository: one copy of `source` per variant (its name, its parameter overrides;
+    `1/model.py` symlinked), the `model` parameter made absolute. Returns `root`."""
+    import re
+
+    config = (source / "config.pbtxt").read_text()
+    model_dir = re.search(r'key:\s*"model"\s*,\s*value:\s*\{\s*string_value:\s*"([^"]*)"', config)
+    model_path = (source / model_dir.group(1)).resolve() if model_dir else DEFAULT_MODEL
+    for name, overrides in variants.items():
+        text = re.sub(r'^name:\s*"[^"]*"', f'name: "{name}"', config, count=1, flags=re.MULTILINE)
+        for key, value in {"model": str(model_path), **overrides}.items():
+            entry = f'{{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+            pattern = re.compile(r'\{\s*key:\s*"' + re.escape(key) + r'"\s*,\s*value:\s*\{[^}]*\}\s*\}')
+            text, n = pattern.subn(lambda _m: entry, text, count=1)
+            if not n:  # not in the file: append to the parameters list
+                text, n = re.subn(r"(^parameters\s*\[)", lambda m: f"{m.group(1)}\n  {entry},", text, count=1,
+                                  flags=re.MULTILINE)
+                if not n:
+                    raise ValueError(f"no parameters [ ... ] block in {source / 'config.pbtxt'}")
+        version = root / name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        link = version / "model.py"
+        if not link.exists():
+            link.symlink_to((source / "1" / "model.py").resolve())
+        (root / name / "config.pbtxt").write_text(text)
+    return root
+
+
+def read_parameters(config_path: Path = REPO_ROOT / "model_repository" / "llm" / "config.pbtxt") -> dict[str, str]:
+    """The engine parameters (key -> string value) of a config.pbtxt, `model` made absolute."""
+    import re
+
+    text = Path(config_path).read_text()
+    params = dict(re.findall(r'\{\s*key:\s*"([^"]+)"\s*,\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}', text))
+    if "model" in params and not Path(params["model"]).is_absolute():
+        params["model"] = str((Path(config_path).parent / params["model"]).resolve())
+    return params

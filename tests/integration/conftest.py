@@ -245,6 +245,9 @@ def server(tmp_path_factory) -> LLMServer:
     _LOG_PATH = log_path
     ports = [serve.free_port() for _ in range(3)]
     proc = serve.start_server(repository, *ports, log_path)
+    # Compute the common reference outputs while the server loads its models.
+    prefetch = threading.Thread(target=_prefetch_reference, args=(tmp_path_factory,), daemon=True)
+    prefetch.start()
     try:
         serve.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "300")))
         srv = LLMServer(proc, *ports, log_path, repository, VARIANTS)
@@ -353,10 +356,33 @@ def _model_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+_REFERENCE: Optional[Reference] = None
+_REFERENCE_LOCK = threading.Lock()
+
+
+def session_reference(tmp_path_factory) -> Reference:
+    """The session's one Reference (shared by the fixture and the prefetch thread)."""
+    global _REFERENCE
+    with _REFERENCE_LOCK:
+        if _REFERENCE is None:
+            cache = os.environ.get("LLM_REFERENCE_CACHE")
+            path = Path(cache) if cache else tmp_path_factory.mktemp("reference") / "hf_greedy.json"
+            _REFERENCE = Reference(path)
+        return _REFERENCE
+
+
+def _prefetch_reference(tmp_path_factory) -> None:
+    try:
+        from llm_testlib import REFERENCE_PREFETCH
+
+        session_reference(tmp_path_factory).many(REFERENCE_PREFETCH)
+    except Exception as exc:  # noqa: BLE001 - the tests compute (and report) it again
+        sys.stderr.write(f"[integration] reference prefetch failed: {exc!r}\n")
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory) -> Reference:
+    """HF greedy reference outputs: `reference.get(prompt, max_tokens)` / `reference.many(cases)`."""
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip(f"no model at {MODEL_DIR}: run `make model`")
-    cache = os.environ.get("LLM_REFERENCE_CACHE")
-    path = Path(cache) if cache else tmp_path_factory.mktemp("reference") / "hf_greedy.json"
-    return Reference(path)
+    return session_reference(tmp_path_factory)

@@ -1,6 +1,5 @@
 """Shared fixtures for the engine unit tests: tiny random Hugging Face models (with the real SmolLM2
-tokenizer, so detokenization is real), Hugging Face greedy references, and fake sequences for the
-block manager and scheduler tests."""
+tokenizer, so detokenization is real) and Hugging Face greedy references."""
 from __future__ import annotations
 
 import shutil
@@ -13,10 +12,6 @@ SMOL_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 VOCAB_SIZE = 49152  # SmolLM2's vocabulary
 EOS_ID = 2  # <|im_end|>
-
-needs_tokenizer = pytest.mark.skipif(
-    not (SMOL_DIR / "tokenizer.json").exists(), reason=f"no tokenizer at {SMOL_DIR} (make model)"
-)
 
 
 def _tiny_config(family: str, **overrides):
@@ -122,22 +117,9 @@ def hf_greedy(hf_model_cache):
     return run
 
 
-# ------------------------------------------------------------------------------------- fake sequences
+def pytest_configure(config):
+    """One intra-op thread: the tiny models gain nothing from more, and on a shared 2-core machine torch's
+    spinning worker threads make every small matmul several times slower."""
+    import torch
 
-@pytest.fixture
-def make_seq():
-    """tokens -> a real `Sequence` (of a real `Request`) with no detokenizer: enough for blocks/scheduling."""
-    from backend.request import Request, Sequence
-    from backend.sampling_params import SamplingParams
-
-    counter = iter(range(1_000_000))
-
-    def make(tokens, params: SamplingParams | None = None, request_id: str | None = None) -> Sequence:
-        request = Request(
-            request_id or f"r{next(counter)}", "", list(tokens), params or SamplingParams(),
-        )
-        seq = Sequence(request, 0, detokenizer=None)
-        request.sequences = [seq]
-        return seq
-
-    return make
+    torch.set_num_threads(1)

@@ -1,0 +1,37 @@
+"""A KV cache too small for the load: sequences are preempted and recomputed, and every output still equals
+the reference."""
+import pytest
+
+from client import generate_grpc
+from llm_testlib import MIXED_CASES, first_mismatch, raise_first_error, run_concurrently
+
+pytestmark = pytest.mark.integration
+
+MODEL = "llm_small_kv"
+
+
+def test_preemption_keeps_outputs_exact(server, reference):
+    refs = reference.many(MIXED_CASES)
+    server.wait_idle(MODEL)
+    before = server.metrics()
+    total_blocks = before.get("llm_kv_cache_blocks_total", MODEL)
+    block_size = int(server.variants[MODEL].get("block_size", "16"))
+    needed = sum(-(-(len(reference.prompt_ids(p)) + mt) // block_size) for p, mt in MIXED_CASES)
+    assert needed > total_blocks, "the variant's KV cache must be too small for the whole load"
+
+    results = run_concurrently(
+        lambda p, mt: generate_grpc(p, server.grpc_url, MODEL, max_tokens=mt, temperature=0.0), MIXED_CASES
+    )
+    raise_first_error(results, "request")
+    problems = [
+        f"#{i} (prompt {p[:40]!r}): {first_mismatch(got.token_ids, ref.token_ids)}"
+        for i, ((p, _), ref, got) in enumerate(zip(MIXED_CASES, refs, results))
+        if got.token_ids != ref.token_ids
+    ]
+    assert not problems, "outputs differ from the reference under preemption:\n" + "\n".join(problems)
+
+    after = server.wait_idle(MODEL)
+    preempted = after.get("llm_requests_preempted_total", MODEL) - before.get("llm_requests_preempted_total", MODEL)
+    assert preempted > 0, "no sequence was preempted: the test did not exercise preemption"
+    assert after.get("llm_kv_cache_blocks_used", MODEL) == 0
+    print(f"{preempted:.0f} preemptions; {needed} blocks needed at once vs {total_blocks:.0f} in the pool")

@@ -1,0 +1,496 @@
+"""backend/engine.py end to end on a tiny random Llama (real SmolLM2 tokenizer): greedy outputs equal Hugging
+Face `generate` under chunked prefill, batching, preemption and prefix caching; streaming, parallel seeded
+samples, stop rules, cancellation, request validation and block accounting."""
+from __future__ import annotations
+
+import pytest
+
+from backend import EngineConfig, InvalidRequest, LLMEngine, SamplingParams
+from backend.request import FinishReason
+
+MAX_STEPS = 3000
+
+PROMPTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time, in a land far away, there lived a very curious cat who wanted to see the sea, "
+    "the mountains and every city of the kingdom before winter came.",
+    "héllo 日本語 🙂",
+    "1 2 3 4 5 6 7 8 9 10 11 12",
+]
+
+
+@pytest.fixture(scope="module")
+def make_engine(tiny_llama):
+    """config overrides -> an engine on the tiny model, one per distinct config, cleaned up between tests."""
+    engines: dict = {}
+
+    def get(**overrides) -> LLMEngine:
+        settings = dict(model=tiny_llama, block_size=4, kv_cache_blocks=256, max_num_batched_tokens=64,
+                        max_num_seqs=16, seed=1234)
+        settings.update(overrides)
+        key = tuple(sorted(settings.items()))
+        if key not in engines:
+            engines[key] = LLMEngine(EngineConfig(**settings))
+        engine = engines[key]
+        for request_id in list(engine.requests):  # leftovers of a failed test
+            engine.abort(request_id)
+        assert not engine.has_work()
+        return engine
+
+    return get
+
+
+def greedy(max_tokens=12, **extra) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **extra)
+
+
+def run(engine: LLMEngine, requests):
+    """Add the requests, step until done; returns {request_id: [RequestOutput, ...]} in order."""
+    seen: dict[str, list] = {}
+    for request in requests:
+        engine.add_request(request)
+    steps = 0
+    while engine.has_work():
+        for output in engine.step():
+            seen.setdefault(output.request_id, []).append(output)
+        steps += 1
+        assert steps < MAX_STEPS, "the engine made no progress"
+        assert len(engine.scheduler.running) <= engine.config.max_num_seqs
+    for outputs in seen.values():
+        assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    return seen
+
+
+def final(outputs):
+    return outputs[-1]
+
+
+def check_pool_empty(engine: LLMEngine):
+    assert engine.block_manager.num_used_blocks == 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert engine.scheduler.reserved_slots == 0
+
+
+# ------------------------------------------------------------------------------------------ correctness
+
+def test_greedy_batch_with_chunked_prefill_matches_hf(make_engine, tiny_llama, hf_greedy):
+    engine = make_engine(max_num_batched_tokens=16)
+    lengths = [12, 5, 20, 9, 15]
+    requests = [engine.build_request(f"r{i}", p, greedy(n)) for i, (p, n) in enumerate(zip(PROMPTS, lengths))]
+    assert max(len(r.prompt_token_ids) for r in requests) > 16  # the long prompt is chunked
+    steps_before = engine.metrics.total("llm_engine_steps_total")
+    results = run(engine, requests)
+    for request, n in zip(requests, lengths):
+        out = final(results[request.request_id])
+        assert out.finished and out.error is None and len(out.samples) == 1
+        sample = out.samples[0]
+        expected = hf_greedy(tiny_llama, request.prompt_token_ids, n)
+        assert sample.token_ids == expected, request.prompt
+        assert sample.num_output_tokens == len(expected)
+        assert sample.finish_reason == (FinishReason.STOP if expected[-1] == 2 else FinishReason.LENGTH)
+        assert sample.text == engine.tokenizer.decode(expected, skip_special_tokens=True)
+        assert out.num_input_tokens == len(request.prompt_token_ids)
+        assert out.request is request
+    assert max(engine.metrics.histograms["llm_step_num_tokens"]) <= 16
+    assert engine.metrics.total("llm_engine_steps_total") > steps_before
+    check_pool_empty(engine)
+
+
+def test_requests_joining_a_running_batch(make_engine, tiny_llama, hf_greedy):
+    engine = make_engine(max_num_batched_tokens=16)
+    first = engine.build_request("first", PROMPTS[2], greedy(10))
+    engine.add_request(first)
+    outputs = {}
+    for _ in range(3):  # first is mid-prefill or decoding when the others arrive
+        for out in engine.step():
+            outputs[out.request_id] = out
+    late = [engine.build_request(f"late{i}", p, greedy(6)) for i, p in enumerate(PROMPTS[:2])]
+    for request in late:
+        engine.add_request(request)
+    while engine.has_work():
+        for out in engine.step():
+            outputs[out.request_id] = out
+    for request in [first] + late:
+        expected = hf_greedy(tiny_llama, request.prompt_token_ids, request.params.max_tokens)
+        assert outputs[request.request_id].samples[0].token_ids == expected
+    check_pool_empty(engine)
+
+
+def test_streaming_deltas_concatenate_to_the_full_text(make_engine):
+    engine = make_engine()
+    plain = [engine.build_request(f"p{i}", p, greedy(14)) for i, p in enumerate(PROMPTS)]
+    full = run(engine, plain)
+    streamed_requests = [engine.build_request(f"s{i}", p, greedy(14), stream=True) for i, p in enumerate(PROMPTS)]
+    streamed = run(engine, streamed_requests)
+    for i in range(len(PROMPTS)):
+        whole = final(full[f"p{i}"]).samples[0]
+        chunks = streamed[f"s{i}"]
+        assert len(chunks) > 1
+        text = "".join(s.text for o in chunks for s in o.samples)
+        ids = [t for o in chunks for s in o.samples for t in s.token_ids]
+        assert text == whole.text and ids == whole.token_ids
+        reasons = [s.finish_reason for o in chunks for s in o.samples]
+        assert reasons[-1] == whole.finish_reason and all(r is None for r in reasons[:-1])
+        counts = [s.num_output_tokens for o in chunks for s in o.samples]
+        assert counts == sorted(counts) and counts[-1] == len(whole.token_ids)
+    check_pool_empty(engine)
+
+
+def test_parallel_seeded_samples(make_engine):
+    engine = make_engine()
+    params = SamplingParams(n=3, seed=77, temperature=1.0, max_tokens=10)
+
+    def sample_texts(extra_requests=()):
+        request = engine.build_request("n3", PROMPTS[1], params)
+        others = [engine.build_request(f"o{i}", p, SamplingParams(temperature=1.0, max_tokens=7))
+                  for i, p in enumerate(extra_requests)]
+        out = final(run(engine, [request] + others)["n3"])
+        assert [s.sample_index for s in out.samples] == [0, 1, 2]
+        return [(tuple(s.token_ids), s.text) for s in out.samples]
+
+    first = sample_texts()
+    assert len(first) == 3 and all(len(ids) == 10 for ids, _ in first)
+    assert len({ids for ids, _ in first}) == 3  # the samples differ
+    assert sample_texts() == first  # reproducible across runs
+    assert sample_texts(PROMPTS[2:]) == first  # and whatever shares the batch
+    check_pool_empty(engine)
+
+
+def test_parallel_greedy_samples_agree_and_share_the_prompt(make_engine, tiny_llama, hf_greedy):
+    engine = make_engine()
+    request = engine.build_request("g3", "A prompt for three greedy samples: " + PROMPTS[2], greedy(6, n=3))
+    step_tokens = engine.metrics.histograms["llm_step_num_tokens"]
+    before = len(step_tokens)
+    out = final(run(engine, [request])["g3"])
+    expected = hf_greedy(tiny_llama, request.prompt_token_ids, 6)
+    assert [s.token_ids for s in out.samples] == [expected] * 3
+    # the prompt's KV was computed once (sample 0), then each sample decoded its own 5 more tokens
+    assert sum(step_tokens[before:]) == len(request.prompt_token_ids) + 3 * 5
+    check_pool_empty(engine)
+
+
+def test_unseeded_samples_vary(make_engine):
+    engine = make_engine()
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    a = final(run(engine, [engine.build_request("u1", PROMPTS[0], params)])["u1"]).samples[0].token_ids
+    b = final(run(engine, [engine.build_request("u2", PROMPTS[0], params)])["u2"]).samples[0].token_ids
+    assert a != b
+
+
+def test_preemption_with_a_small_pool_keeps_outputs_exact(make_engine, tiny_llama, hf_greedy):
+    # 28 blocks of 4 tokens; 4 requests needing up to ~10 blocks each at the end
+    engine = make_engine(kv_cache_blocks=28, max_num_batched_tokens=32)
+    before = engine.scheduler.num_preemptions
+    requests = [engine.build_request(f"q{i}", p, greedy(24)) for i, p in enumerate(PROMPTS[1:])]
+    results = run(engine, requests)
+    assert engine.scheduler.num_preemptions > before
+    assert engine.metrics.total("llm_requests_preempted_total") > 0
+    for request in requests:
+        sample = final(results[request.request_id]).samples[0]
+        assert sample.token_ids == hf_greedy(tiny_llama, request.prompt_token_ids, 24)
+    check_pool_empty(engine)
+
+
+def test_preemption_of_parallel_samples(make_engine):
+    engine = make_engine(kv_cache_blocks=14, max_num_batched_tokens=32)
+    params = SamplingParams(n=3, seed=5, temperature=1.0, max_tokens=20, ignore_eos=True)
+    before = engine.scheduler.num_preemptions
+    small = final(run(engine, [engine.build_request("small", PROMPTS[1], params)])["small"])
+    assert engine.scheduler.num_preemptions > before
+    roomy = make_engine(kv_cache_blocks=256)
+    big = final(run(roomy, [roomy.build_request("big", PROMPTS[1], params)])["big"])
+    assert [s.token_ids for s in small.samples] == [s.token_ids for s in big.samples]
+    assert all(s.num_output_tokens == 20 for s in small.samples)
+    check_pool_empty(engine)
+
+
+def test_prefix_cache_reuse_gives_the_same_output(make_engine):
+    engine = make_engine()
+    hits = engine.block_manager.prefix_hits
+    first = final(run(engine, [engine.build_request("c1", PROMPTS[2], greedy(8))])["c1"]).samples[0]
+    assert engine.block_manager.num_cached_free_blocks > 0
+    second = final(run(engine, [engine.build_request("c2", PROMPTS[2], greedy(8))])["c2"]).samples[0]
+    assert engine.block_manager.prefix_hits > hits
+    assert second.token_ids == first.token_ids
+    assert engine.metrics.total("llm_prefix_cache_hits_total") >= engine.block_manager.prefix_hits - hits
+    check_pool_empty(engine)
+
+
+def test_prefix_caching_off_gives_the_same_output(make_engine):
+    on = make_engine()
+    off = make_engine(enable_prefix_caching=False)
+    prompt = PROMPTS[2]
+    a = [final(run(on, [on.build_request(f"on{i}", prompt, greedy(8))])[f"on{i}"]) for i in range(2)]
+    b = [final(run(off, [off.build_request(f"off{i}", prompt, greedy(8))])[f"off{i}"]) for i in range(2)]
+    assert {tuple(o.samples[0].token_ids) for o in a + b} == {tuple(a[0].samples[0].token_ids)}
+    assert off.block_manager.prefix_hits == 0
+
+
+# ------------------------------------------------------------------------------------------ stop rules
+
+def test_stop_string_across_tokens(make_engine):
+    engine = make_engine()
+    base = final(run(engine, [engine.build_request("base", PROMPTS[1], greedy(16))])["base"]).samples[0]
+    pieces = [engine.tokenizer.decode([t]) for t in base.token_ids]
+    # a stop string made of the end of one token's text and the start of the next one's
+    index = next(i for i in range(1, len(pieces) - 1) if len(pieces[i]) >= 2 and pieces[i + 1]
+                 and "\ufffd" not in pieces[i] + pieces[i + 1])
+    stop = pieces[index][-2:] + pieces[index + 1][:1]
+    cut = base.text.index(stop)
+    for stream in (False, True):
+        request = engine.build_request(f"stop{stream}", PROMPTS[1], greedy(16, stop=[stop]), stream=stream)
+        outputs = run(engine, [request])[request.request_id]
+        deltas = [s.text for o in outputs for s in o.samples]
+        text = "".join(deltas)
+        assert text == base.text[:cut]
+        for i in range(len(deltas)):
+            assert stop not in "".join(deltas[: i + 1])
+        last = outputs[-1].samples[-1]
+        assert last.finish_reason == FinishReason.STOP
+        assert last.num_output_tokens <= index + 2
+    request = engine.build_request("incl", PROMPTS[1], greedy(16, stop=[stop], include_stop_str_in_output=True))
+    text = final(run(engine, [request])["incl"]).samples[0].text
+    assert text == base.text[: cut + len(stop)]
+    check_pool_empty(engine)
+
+
+def test_stop_token_ids(make_engine):
+    engine = make_engine()
+    base = final(run(engine, [engine.build_request("b", PROMPTS[3], greedy(12))])["b"]).samples[0]
+    stop_id = base.token_ids[4]
+    first = base.token_ids.index(stop_id)
+    out = final(run(engine, [engine.build_request("s", PROMPTS[3], greedy(12, stop_token_ids=[stop_id]))])["s"])
+    sample = out.samples[0]
+    assert sample.token_ids == base.token_ids[: first + 1]
+    assert sample.finish_reason == FinishReason.STOP
+
+
+def test_max_tokens_one(make_engine, tiny_llama, hf_greedy):
+    engine = make_engine()
+    request = engine.build_request("one", PROMPTS[0], greedy(1))
+    sample = final(run(engine, [request])["one"]).samples[0]
+    assert sample.token_ids == hf_greedy(tiny_llama, request.prompt_token_ids, 1)
+    assert sample.finish_reason == FinishReason.LENGTH
+
+
+def test_logprobs(make_engine):
+    engine = make_engine()
+    request = engine.build_request("lp", PROMPTS[1], greedy(5, logprobs=3))
+    sample = final(run(engine, [request])["lp"]).samples[0]
+    assert len(sample.logprobs) == 5
+    for token_id, entry in zip(sample.token_ids, sample.logprobs):
+        assert entry["token_id"] == token_id
+        assert len(entry["top_logprobs"]) == 3
+        best = max(entry["top_logprobs"].items(), key=lambda kv: kv[1])
+        assert best[0] == token_id and best[1] == pytest.approx(entry["logprob"])  # greedy: the top token
+        assert entry["logprob"] <= 0
+    plain = final(run(engine, [engine.build_request("nolp", PROMPTS[1], greedy(5))])["nolp"]).samples[0]
+    assert plain.logprobs is None
+
+
+def test_min_tokens_and_ignore_eos_reach_max_tokens(make_engine):
+    engine = make_engine()
+    request = engine.build_request("mt", PROMPTS[0], SamplingParams(temperature=1.0, seed=3, max_tokens=30,
+                                                                     min_tokens=30, ignore_eos=True))
+    sample = final(run(engine, [request])["mt"]).samples[0]
+    assert sample.num_output_tokens == 30 and sample.finish_reason == FinishReason.LENGTH
+
+
+# ----------------------------------------------------------------------------------- cancel and abort
+
+def test_cancellation_mid_generation(make_engine):
+    engine = make_engine()
+    calls = {"n": 0}
+
+    def cancelled():
+        calls["n"] += 1
+        return calls["n"] > 4
+
+    request = engine.build_request("cx", PROMPTS[1], SamplingParams(n=2, seed=1, max_tokens=50, ignore_eos=True),
+                                   stream=True, is_cancelled=cancelled)
+    other = engine.build_request("keep", PROMPTS[0], greedy(8))
+    results = run(engine, [request, other])
+    out = final(results["cx"])
+    assert out.finished
+    reasons = {s.sample_index: s.finish_reason for o in results["cx"] for s in o.samples if s.finish_reason}
+    assert reasons == {0: FinishReason.ABORT, 1: FinishReason.ABORT}
+    produced = sum(len(s.token_ids) for o in results["cx"] for s in o.samples)
+    assert 0 < produced < 100
+    assert final(results["keep"]).samples[0].num_output_tokens == 8  # the other request is unaffected
+    check_pool_empty(engine)
+
+
+def test_cancellation_before_admission(make_engine):
+    engine = make_engine()
+    request = engine.build_request("early", PROMPTS[2], greedy(8, n=2), is_cancelled=lambda: True)
+    out = final(run(engine, [request])["early"])
+    assert out.finished and [s.finish_reason for s in out.samples] == [FinishReason.ABORT] * 2
+    assert all(s.token_ids == [] for s in out.samples)
+    check_pool_empty(engine)
+
+
+def test_abort(make_engine):
+    engine = make_engine()
+    request = engine.build_request("ab", PROMPTS[2], greedy(40, n=2))
+    engine.add_request(request)
+    for _ in range(3):
+        engine.step()
+    assert engine.block_manager.num_used_blocks > 0
+    out = engine.abort("ab")
+    assert out.finished and all(s.finish_reason == FinishReason.ABORT for s in out.samples)
+    assert engine.abort("ab") is None and engine.abort("never-seen") is None
+    assert not engine.has_work()
+    check_pool_empty(engine)
+    assert engine.metrics.counters["llm_requests_finished_total"][(("finish_reason", "abort"),)] >= 1
+
+
+# ----------------------------------------------------------------------------------------- validation
+
+def test_prompt_plus_max_tokens_over_the_model_length(make_engine):
+    engine = make_engine()
+    prompt_len = len(engine.input_tokenizer(PROMPTS[1]).input_ids)
+    with pytest.raises(InvalidRequest, match="max_tokens") as info:
+        engine.build_request("long", PROMPTS[1], greedy(512 - prompt_len + 1))
+    assert "512" in str(info.value)
+    engine.build_request("fits", PROMPTS[1], greedy(512 - prompt_len))  # exactly at the limit is fine
+
+
+def test_max_model_len_setting(make_engine):
+    engine = make_engine(max_model_len=32)
+    assert engine.max_model_len == 32
+    with pytest.raises(InvalidRequest, match="32"):
+        engine.build_request("x", PROMPTS[1], greedy(30))
+    capped = make_engine(max_model_len=100_000)
+    assert capped.max_model_len == 512  # never above the model's own limit
+
+
+def test_request_that_can_never_fit_the_pool(make_engine):
+    engine = make_engine(kv_cache_blocks=8)  # 32 tokens
+    with pytest.raises(InvalidRequest, match="KV cache"):
+        engine.build_request("big", PROMPTS[1], greedy(40))
+
+
+@pytest.mark.parametrize(
+    "prompt, params, fragment",
+    [
+        ("", greedy(), "text_input"),
+        ("ok", greedy(stop_token_ids=[49152]), "stop_token_ids"),
+        ("ok", greedy(stop_token_ids=[-1]), "stop_token_ids"),
+    ],
+)
+def test_bad_requests(make_engine, prompt, params, fragment):
+    engine = make_engine()
+    with pytest.raises(InvalidRequest, match=fragment):
+        engine.build_request("bad", prompt, params)
+
+
+def test_duplicate_request_id(make_engine):
+    engine = make_engine()
+    engine.add_request(engine.build_request("dup", PROMPTS[0], greedy(3)))
+    with pytest.raises(InvalidRequest, match="dup"):
+        engine.add_request(engine.build_request("dup", PROMPTS[1], greedy(3)))
+    run(engine, [])
+    check_pool_empty(engine)
+
+
+def test_metrics_after_a_run(make_engine):
+    engine = make_engine()
+    metrics = engine.metrics
+    prompt_before = metrics.total("llm_prompt_tokens_total")
+    gen_before = metrics.total("llm_generation_tokens_total")
+    finished_before = metrics.total("llm_requests_finished_total")
+    requests = [engine.build_request(f"m{i}", p, greedy(6, ignore_eos=True)) for i, p in enumerate(PROMPTS[:3])]
+    run(engine, requests)
+    assert metrics.total("llm_prompt_tokens_total") - prompt_before == sum(len(r.prompt_token_ids) for r in requests)
+    assert metrics.total("llm_generation_tokens_total") - gen_before == 18
+    assert metrics.total("llm_requests_finished_total") - finished_before == 3
+    assert metrics.gauges["llm_kv_cache_blocks_total"] == 256
+    assert metrics.gauges["llm_kv_cache_blocks_used"] == 0
+    assert metrics.gauges["llm_requests_running"] == 0 and metrics.gauges["llm_requests_waiting"] == 0
+    assert metrics.gauges["llm_kv_cache_blocks_free"] == 256
+    assert len(metrics.histograms["llm_time_to_first_token_seconds"]) >= 3
+    assert all(v >= 0 for v in metrics.histograms["llm_inter_token_latency_seconds"])
+
+
+def test_describe_step(make_engine):
+    engine = make_engine(max_num_batched_tokens=16)
+    request = engine.build_request("viz", "A prompt seen by no other test: " + PROMPTS[2], greedy(3))
+    engine.add_request(request)
+    total = len(request.prompt_token_ids)
+    sched = engine.scheduler.schedule()
+    line = engine.describe_step(sched)
+    assert f"[viz#0 prefill 0:16/{total} 16t]" in line and "16/16 tokens" in line
+    engine._run(sched)
+    lines = []
+    while engine.has_work():
+        sched = engine.scheduler.schedule()
+        lines.append(engine.describe_step(sched))
+        engine._run(sched)
+        engine._collect(request)
+    assert "[viz#0 decode 1t]" in lines[-1] and "1/16 tokens" in lines[-1]
+    check_pool_empty(engine)
+
+
+def test_n_above_max_num_seqs_is_refused_or_served(make_engine, tiny_llama):
+    try:
+        EngineConfig.from_parameters({"model": tiny_llama, "max_num_seqs": "2", "max_n": "8"})
+    except Exception:
+        return  # refused at configuration time: fine
+    engine = make_engine(max_num_seqs=2)
+    try:
+        request = engine.build_request("wide", PROMPTS[0], SamplingParams(n=3, max_tokens=2))
+    except InvalidRequest:
+        return  # refused at admission: fine
+    engine.add_request(request)
+    for _ in range(200):
+        if not engine.has_work():
+            break
+        engine.step()
+    finished = not engine.has_work()
+    engine.abort("wide")
+    assert finished, "the request never ran"
+
+
+# ------------------------------------------------------------------------------- speculative decoding
+
+@pytest.mark.parametrize("draft", ["self", "ngram"])
+def test_greedy_speculative_decoding_matches_hf(make_engine, tiny_llama, hf_greedy, draft):
+    """Speculation must not change greedy outputs, whether drafts are accepted (self) or mostly not (ngram)."""
+    engine = make_engine(draft_model=draft, num_speculative_tokens=3, draft_dtype="float32",
+                         max_num_batched_tokens=32)
+    prompts = PROMPTS[1:] + ["a b c a b c a b c a b c a b c a b"]
+    requests = [engine.build_request(f"sp{i}", p, greedy(16, n=1)) for i, p in enumerate(prompts)]
+    drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total")
+    accepted = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total")
+    results = run(engine, requests)
+    for request in requests:
+        sample = final(results[request.request_id]).samples[0]
+        assert sample.token_ids == hf_greedy(tiny_llama, request.prompt_token_ids, 16), (draft, request.prompt)
+    drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total") - drafted
+    accepted = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total") - accepted
+    assert drafted > 0
+    if draft == "self":
+        assert accepted == drafted  # the draft is the target itself (same dtype): every draft is accepted
+    check_pool_empty(engine)
+
+
+def test_speculation_with_parallel_samples_when_the_last_prompt_chunk_is_one_token(make_engine, tiny_llama,
+                                                                                   hf_greedy):
+    prompt = PROMPTS[1]
+    length = len(make_engine().input_tokenizer(prompt).input_ids)
+    engine = make_engine(draft_model="self", num_speculative_tokens=2, draft_dtype="float32",
+                         max_num_batched_tokens=length - 1)  # chunks: length - 1 tokens, then 1
+    request = engine.build_request("spec-n2", prompt, greedy(6, n=2))
+    engine.add_request(request)
+    outputs = []
+    for _ in range(200):
+        if not engine.has_work():
+            break
+        outputs += engine.step()
+    stuck = engine.has_work()
+    engine.abort("spec-n2")
+    assert not stuck, "the request never finished"
+    expected = hf_greedy(tiny_llama, request.prompt_token_ids, 6)
+    assert [s.token_ids for s in outputs[-1].samples] == [expected, expected]

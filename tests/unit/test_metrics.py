@@ -1,0 +1,164 @@
+"""backend/metrics.py: in-process engine metrics and their mirror into Triton metric families (faked here)."""
+from __future__ import annotations
+
+import pytest
+
+from backend.metrics import COUNTERS, GAUGES, HISTOGRAMS, EngineMetrics, TritonMetricsSink
+
+
+class RecordingSink:
+    def __init__(self):
+        self.calls = []
+
+    def inc(self, name, value, labels):
+        self.calls.append(("inc", name, value, labels))
+
+    def set(self, name, value):
+        self.calls.append(("set", name, value))
+
+    def observe(self, name, value):
+        self.calls.append(("observe", name, value))
+
+
+def test_counters_with_and_without_labels():
+    m = EngineMetrics()
+    m.inc("llm_prompt_tokens_total", 5)
+    m.inc("llm_prompt_tokens_total")
+    m.inc("llm_requests_finished_total", labels={"finish_reason": "stop"})
+    m.inc("llm_requests_finished_total", 2, labels={"finish_reason": "length"})
+    m.inc("llm_requests_finished_total", labels={"finish_reason": "stop"})
+    assert m.total("llm_prompt_tokens_total") == 6
+    assert m.total("llm_requests_finished_total") == 4
+    assert m.counters["llm_requests_finished_total"][(("finish_reason", "stop"),)] == 2
+    assert m.counters["llm_requests_finished_total"][(("finish_reason", "length"),)] == 2
+    assert m.total("llm_engine_steps_total") == 0
+
+
+def test_unknown_names_are_refused():
+    m = EngineMetrics()
+    with pytest.raises(AssertionError):
+        m.inc("llm_no_such_counter")
+    with pytest.raises(AssertionError):
+        m.set("llm_prompt_tokens_total", 1)  # a counter is not a gauge
+    with pytest.raises(AssertionError):
+        m.observe("llm_requests_running", 1.0)
+
+
+def test_sinks_mirror_updates_and_skip_no_ops():
+    m = EngineMetrics()
+    m.set("llm_kv_cache_blocks_total", 100)
+    sink = RecordingSink()
+    m.add_sink(sink)
+    assert sink.calls == [("set", "llm_kv_cache_blocks_total", 100)]  # current gauges replayed
+    m.inc("llm_generation_tokens_total", 0)  # nothing to add: not forwarded
+    m.set("llm_kv_cache_blocks_total", 100)  # unchanged: not forwarded
+    m.set("llm_requests_running", 3)
+    m.inc("llm_generation_tokens_total", 2)
+    m.observe("llm_step_num_tokens", 17)
+    assert sink.calls[1:] == [
+        ("set", "llm_requests_running", 3),
+        ("inc", "llm_generation_tokens_total", 2, None),
+        ("observe", "llm_step_num_tokens", 17),
+    ]
+    assert m.gauges == {"llm_kv_cache_blocks_total": 100, "llm_requests_running": 3}
+    assert m.histograms["llm_step_num_tokens"] == [17]
+
+
+def test_histograms_stay_bounded():
+    m = EngineMetrics()
+    for i in range(100_001):
+        m.observe("llm_step_num_sequences", i)
+    values = m.histograms["llm_step_num_sequences"]
+    assert len(values) == 50_001
+    assert values[0] == 50_000 and values[-1] == 100_000  # the newest are kept
+
+
+def test_metric_names_are_prometheus_style():
+    for name in (*COUNTERS, *GAUGES, *HISTOGRAMS):
+        assert name.startswith("llm_") and name == name.lower()
+    assert all(name.endswith("_total") for name in COUNTERS)
+    for _, buckets in HISTOGRAMS.values():
+        assert buckets == sorted(buckets) and len(set(buckets)) == len(buckets)
+
+
+# ----------------------------------------------------------------------------------- Triton mirror
+
+class FakeMetric:
+    def __init__(self, labels, buckets=None):
+        self.labels, self.buckets = labels, buckets
+        self.value = 0.0
+        self.observed = []
+
+    def increment(self, value):
+        self.value += value
+
+    def set(self, value):
+        self.value = value
+
+    def observe(self, value):
+        self.observed.append(value)
+
+
+class FakePbUtils:
+    """The bits of triton_python_backend_utils the sink uses."""
+
+    def __init__(self):
+        self.families = {}
+        pb = self
+
+        class MetricFamily:
+            COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+            def __init__(self, name, description, kind):
+                self.name, self.description, self.kind = name, description, kind
+                self.metrics = []
+                pb.families[name] = self
+
+            def Metric(self, labels=None, buckets=None):
+                metric = FakeMetric(labels, buckets)
+                self.metrics.append(metric)
+                return metric
+
+        self.MetricFamily = MetricFamily
+
+
+def test_triton_sink_families_and_initial_metrics():
+    pb = FakePbUtils()
+    TritonMetricsSink(pb, {"model": "llm", "version": "1"})
+    assert set(pb.families) == set(COUNTERS) | set(GAUGES) | set(HISTOGRAMS)
+    for name in COUNTERS:
+        assert pb.families[name].kind == "counter" and pb.families[name].description == COUNTERS[name]
+    for name in GAUGES:
+        assert pb.families[name].kind == "gauge"
+    for name, (_, buckets) in HISTOGRAMS.items():
+        assert pb.families[name].kind == "histogram"
+        assert pb.families[name].metrics[0].buckets == buckets
+    # exported at zero from the start, except the ones that only exist with labels
+    for name, family in pb.families.items():
+        labelled_only = name.endswith("_per_pos_total") or name == "llm_requests_finished_total"
+        assert len(family.metrics) == (0 if labelled_only else 1), name
+        for metric in family.metrics:
+            assert metric.labels == {"model": "llm", "version": "1"} and metric.value == 0
+
+
+def test_triton_sink_mirrors_engine_metrics():
+    pb = FakePbUtils()
+    m = EngineMetrics()
+    m.set("llm_kv_cache_blocks_total", 64)
+    m.add_sink(TritonMetricsSink(pb, {"model": "llm", "version": "1"}))
+    assert pb.families["llm_kv_cache_blocks_total"].metrics[0].value == 64
+    m.inc("llm_prompt_tokens_total", 10)
+    m.inc("llm_prompt_tokens_total", 5)
+    m.inc("llm_requests_finished_total", labels={"finish_reason": "stop"})
+    m.inc("llm_requests_finished_total", labels={"finish_reason": "stop"})
+    m.inc("llm_spec_decode_num_accepted_tokens_per_pos_total", labels={"position": 2})
+    m.set("llm_requests_running", 4)
+    m.observe("llm_time_to_first_token_seconds", 0.25)
+    assert pb.families["llm_prompt_tokens_total"].metrics[0].value == 15
+    finished = pb.families["llm_requests_finished_total"].metrics
+    assert len(finished) == 1 and finished[0].value == 2
+    assert finished[0].labels == {"model": "llm", "version": "1", "finish_reason": "stop"}
+    per_pos = pb.families["llm_spec_decode_num_accepted_tokens_per_pos_total"].metrics
+    assert per_pos[0].labels["position"] == "2"  # label values are strings
+    assert pb.families["llm_requests_running"].metrics[0].value == 4
+    assert pb.families["llm_time_to_first_token_seconds"].metrics[0].observed == [0.25]
