@@ -103,6 +103,7 @@ class LLMEngine:
                 f"exceed the model's limit of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
             )
         if self.block_manager.blocks_needed(total + self.num_lookahead_tokens) > self.block_manager.num_blocks:
+            self.metrics.inc("llm_requests_rejected_total")
             raise InvalidRequest(
                 f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) can never fit the KV "
                 f"cache of {self.block_manager.num_blocks * self.config.block_size} tokens"
@@ -265,9 +266,11 @@ class LLMEngine:
         if params.logprobs is not None:
             seq.logprobs.append(self.sampler.logprobs(logits, token_id, params.logprobs))
         reason = None
-        if seq.detokenizer.append(token_id):
-            reason = FinishReason.STOP
-        elif token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+            reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
+            if params.include_stop_str_in_output:
+                seq.detokenizer.append(token_id)
+        elif seq.detokenizer.append(token_id):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH

@@ -323,6 +323,7 @@ class GrpcStream:
                 except queue.Empty:
                     raise ServerError(f"no response within {self.timeout_s} s") from None
                 if error is not None:
+                    self.done = True  # an error is the request's final response: nothing left to cancel
                     raise ServerError(_message(error))
                 chunk = _grpc_chunk(result, received_at)
                 self.done = chunk.is_final

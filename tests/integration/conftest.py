@@ -49,6 +49,15 @@ VARIANTS: dict[str, dict[str, str]] = {
     "llm_small_kv": {"kv_cache_blocks": "40", "block_size": "16", "max_num_seqs": "32"},
     # Two running sequences and at most four waiting requests: a flood is partly refused.
     "llm_small_queue": {"max_queue_size": "4", "max_num_seqs": "2"},
+    # The `llm` settings without a prefix cache: the cold-cache baseline for prefix-caching tests.
+    "llm_no_prefix_cache": {"max_num_batched_tokens": "64", "enable_prefix_caching": "false"},
+    # Speculative decoding: the default pair (the target's weights in bf16 as the draft), n-gram drafts,
+    # and a draft identical to the target. A large spec_max_batch_size keeps speculation on under load.
+    "llm_spec_draft": {"max_num_batched_tokens": "64", "draft_model": "self", "draft_dtype": "bfloat16",
+                       "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
+    "llm_spec_ngram": {"max_num_batched_tokens": "64", "draft_model": "ngram", "num_speculative_tokens": "3",
+                       "spec_max_batch_size": "32"},
+    "llm_spec_same": {"draft_model": "self", "draft_dtype": "float32", "num_speculative_tokens": "4"},
 }
 
 _PARAM_RE = re.compile(r'\{\s*key:\s*"([^"]+)"\s*,\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
@@ -210,6 +219,9 @@ class LLMServer:
 
     def wait_idle(self, model: str = "llm", timeout_s: float = 30.0) -> Metrics:
         """Wait until `model` runs nothing, has nothing waiting and holds no KV blocks."""
+        if not self.metrics().has("llm_kv_cache_blocks_total", model):
+            raise AssertionError(f"model {model!r} is not served (no metrics): add it to VARIANTS in "
+                                 f"tests/integration/conftest.py (served: {sorted(self.variants)})")
         return self.wait_for(lambda m: is_idle(m, model), timeout_s)
 
     def alive(self) -> bool:
@@ -246,7 +258,8 @@ def server(tmp_path_factory) -> LLMServer:
     ports = [serve.free_port() for _ in range(3)]
     proc = serve.start_server(repository, *ports, log_path)
     # Compute the common reference outputs while the server loads its models.
-    prefetch = threading.Thread(target=_prefetch_reference, args=(tmp_path_factory,), daemon=True)
+    stop_prefetch = threading.Event()
+    prefetch = threading.Thread(target=_prefetch_reference, args=(tmp_path_factory, stop_prefetch), daemon=True)
     prefetch.start()
     try:
         serve.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "300")))
@@ -256,6 +269,8 @@ def server(tmp_path_factory) -> LLMServer:
         assert not missing, f"no metrics for model(s) {missing}; log tail:\n{srv.log_tail()}"
         yield srv
     finally:
+        stop_prefetch.set()
+        prefetch.join(timeout=60)  # torch must not be mid-computation when the interpreter exits
         code = serve.stop_server(proc)
         sys.stderr.write(f"\n[integration] tritonserver stopped (exit code {code}); log: {log_path}\n")
 
@@ -268,7 +283,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     terminalreporter.section("tritonserver log tail")
     terminalreporter.write_line(f"(full log: {_LOG_PATH})")
-    terminalreporter.write_line(serve.log_tail(_LOG_PATH, 80))
+    lines = [line for line in serve.log_tail(_LOG_PATH, 400).splitlines()
+             if line.strip() and not line.startswith(("|", "+-")) and "Loading weights" not in line]
+    terminalreporter.write_line("\n".join(lines[-60:]))
 
 
 # ------------------------------------------------------------------------------------------------- reference
@@ -311,16 +328,20 @@ class Reference:
             self._model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
         return self._model, self._tokenizer
 
+    @property
     def tokenizer(self):
+        """The model's Hugging Face tokenizer."""
         return self._load()[1]
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        return self.tokenizer()(prompt).input_ids
+        """Prompt token ids as the server makes them (`tokenizer(prompt).input_ids`)."""
+        return self.tokenizer(prompt).input_ids
 
     def get(self, prompt: str, max_tokens: int) -> RefOutput:
         return self.many([(prompt, max_tokens)])[0]
 
-    def many(self, cases: list[tuple[str, int]]) -> list[RefOutput]:
+    def many(self, cases: list[tuple[str, int]], stop: Optional[threading.Event] = None) -> list[RefOutput]:
+        """Reference outputs of (prompt, max_tokens) cases; `stop` (set) abandons the work between cases."""
         with self._lock:
             missing = [c for c in dict.fromkeys(cases) if self._key(*c) not in self._cache]
             if missing:
@@ -328,6 +349,8 @@ class Reference:
 
                 model, tok = self._load()
                 for prompt, max_tokens in missing:
+                    if stop is not None and stop.is_set():
+                        return []
                     ids = tok(prompt, return_tensors="pt").input_ids
                     with torch.inference_mode():
                         out = model.generate(
@@ -371,11 +394,11 @@ def session_reference(tmp_path_factory) -> Reference:
         return _REFERENCE
 
 
-def _prefetch_reference(tmp_path_factory) -> None:
+def _prefetch_reference(tmp_path_factory, stop: threading.Event) -> None:
     try:
         from llm_testlib import REFERENCE_PREFETCH
 
-        session_reference(tmp_path_factory).many(REFERENCE_PREFETCH)
+        session_reference(tmp_path_factory).many(REFERENCE_PREFETCH, stop=stop)
     except Exception as exc:  # noqa: BLE001 - the tests compute (and report) it again
         sys.stderr.write(f"[integration] reference prefetch failed: {exc!r}\n")
 

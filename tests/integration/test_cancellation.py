@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from client import generate_grpc, stream_grpc
+from client import generate_grpc, generate_http, stream_grpc, stream_http
 from llm_testlib import MIXED_CASES
 
 pytestmark = pytest.mark.integration
@@ -56,3 +56,27 @@ def test_cancelled_streams_free_their_blocks(server):
 
     got = generate_grpc("The capital of France is", server.grpc_url, MODEL, max_tokens=8, temperature=0.0)
     assert len(got.token_ids) == 8 and got.finish_reason == "length"
+
+
+def test_dropped_http_stream_is_cancelled(server):
+    """Closing a generate_stream connection mid-generation cancels the request and frees its blocks."""
+    server.wait_idle(MODEL)
+    before = server.metrics()
+    streams = [stream_http(p, server.http_url, MODEL, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
+               for p, _ in MIXED_CASES[:4]]
+    try:
+        for s in streams:
+            for _ in range(TOKENS_BEFORE_CANCEL):
+                assert next(s).finish_reason is None
+        assert server.metrics().get("llm_kv_cache_blocks_used", MODEL) > 0
+    finally:
+        for s in streams:
+            s.close()  # drops the connection
+    after = server.wait_idle(MODEL, timeout_s=30)
+    assert after.get("llm_kv_cache_blocks_used", MODEL) == 0
+    assert after.get("llm_requests_running", MODEL) == 0
+    aborted = after.get("llm_requests_finished_total", MODEL, finish_reason="abort") - before.get(
+        "llm_requests_finished_total", MODEL, finish_reason="abort")
+    assert aborted == len(streams)
+    got = generate_http("The capital of France is", server.http_url, MODEL, max_tokens=8, temperature=0.0)
+    assert len(got.token_ids) == 8

@@ -18,14 +18,14 @@ def mixed_refs(reference):
     return refs
 
 
-def _check_against_reference(cases, refs, completions, label):
+def _check_against_reference(cases, refs, completions, label, eos_id):
     problems = []
     for i, ((prompt, max_tokens), ref, got) in enumerate(zip(cases, refs, completions)):
         if got.token_ids != ref.token_ids:
             problems.append(f"#{i} ({label}, max_tokens={max_tokens}, prompt {prompt[:40]!r}...): "
                             f"{first_mismatch(got.token_ids, ref.token_ids)}")
             continue
-        want_reason = "length" if len(ref.token_ids) == max_tokens and ref.token_ids[-1] != 2 else "stop"
+        want_reason = "length" if len(ref.token_ids) == max_tokens and ref.token_ids[-1] != eos_id else "stop"
         if got.finish_reason != want_reason:
             problems.append(f"#{i} ({label}): finish_reason {got.finish_reason!r}, expected {want_reason!r}")
     assert not problems, f"{len(problems)} of {len(cases)} completions differ from the reference:\n" + \
@@ -41,7 +41,7 @@ def _assert_batched(server, before, label):
     return multi, steps
 
 
-def test_grpc_streaming_concurrent_equals_reference(server, mixed_refs):
+def test_grpc_streaming_concurrent_equals_reference(server, reference, mixed_refs):
     """24 concurrent gRPC streams (one client each), temperature 0: token ids equal HF greedy output."""
     server.wait_idle(MODEL)
     before = server.metrics()
@@ -52,10 +52,13 @@ def test_grpc_streaming_concurrent_equals_reference(server, mixed_refs):
 
     results = run_concurrently(one, MIXED_CASES)
     raise_first_error(results, "gRPC stream")
-    _check_against_reference(MIXED_CASES, mixed_refs, results, "gRPC stream")
+    _check_against_reference(MIXED_CASES, mixed_refs, results, "gRPC stream", reference.tokenizer.eos_token_id)
     for (prompt, _), ref, got in zip(MIXED_CASES, mixed_refs, results):
         assert got.text == ref.text, f"streamed text differs for prompt {prompt[:40]!r}"
-        assert got.chunks[-1].is_final
+        assert got.chunks[-1].is_final and sum(c.is_final for c in got.chunks) == 1
+        reasons = [c.finish_reason for c in got.chunks]
+        assert reasons[-1] in ("stop", "length") and not any(reasons[:-1]), \
+            f"finish_reason must come on the last response only, got {reasons}"
     # Test 3 of the issue: the batch held several sequences at once (from the engine's own histogram).
     _assert_batched(server, before, "gRPC streaming")
     after = server.metrics()
@@ -79,8 +82,9 @@ def test_http_generate_and_generate_stream_concurrent_equal_reference(server, re
     results = run_concurrently(one, calls)
     raise_first_error(results, "HTTP request")
     generated, streamed = results[: len(MIXED_CASES)], results[len(MIXED_CASES):]
-    _check_against_reference(MIXED_CASES, mixed_refs, generated, "HTTP generate")
-    _check_against_reference(MIXED_CASES, mixed_refs, streamed, "HTTP generate_stream")
+    eos_id = reference.tokenizer.eos_token_id
+    _check_against_reference(MIXED_CASES, mixed_refs, generated, "HTTP generate", eos_id)
+    _check_against_reference(MIXED_CASES, mixed_refs, streamed, "HTTP generate_stream", eos_id)
     for (prompt, _), ref, whole, parts in zip(MIXED_CASES, mixed_refs, generated, streamed):
         # Non-streaming: the prompt comes first (exclude_input_in_output defaults to false).
         assert whole.text == prompt + ref.text, f"generate text is not prompt + completion for {prompt[:40]!r}"

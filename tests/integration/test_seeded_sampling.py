@@ -1,5 +1,4 @@
 """Seeded sampling is reproducible: alone or inside a busy batch, and for parallel samples (n > 1)."""
-import time
 
 import pytest
 
@@ -95,7 +94,9 @@ def test_n_samples_streaming(server):
         assert sorted(got.samples) == [0, 1, 2, 3], f"sample indices {sorted(got.samples)}"
         for index, sample in got.samples.items():
             assert all(c.sample_index == index for c in sample.chunks)
-            assert sample.finish_reason in ("length", "stop")
+            reasons = [c.finish_reason for c in sample.chunks]
+            assert reasons[-1] in ("length", "stop") and not any(reasons[:-1]), \
+                f"sample {index}: finish_reason must come on its last response only, got {reasons}"
         assert got.chunks[-1].is_final
         assert sum(c.is_final for c in got.chunks) == 1
         return {i: (s.text, s.token_ids) for i, s in got.samples.items()}

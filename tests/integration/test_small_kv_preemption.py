@@ -2,7 +2,7 @@
 the reference."""
 import pytest
 
-from client import generate_grpc
+from client import ServerError, generate_grpc
 from llm_testlib import MIXED_CASES, first_mismatch, raise_first_error, run_concurrently
 
 pytestmark = pytest.mark.integration
@@ -35,3 +35,24 @@ def test_preemption_keeps_outputs_exact(server, reference):
     assert preempted > 0, "no sequence was preempted: the test did not exercise preemption"
     assert after.get("llm_kv_cache_blocks_used", MODEL) == 0
     print(f"{preempted:.0f} preemptions; {needed} blocks needed at once vs {total_blocks:.0f} in the pool")
+
+
+NEVER_FITS = ("The history of the bicycle begins in the early nineteenth century. " * 8, 600)  # ~100 + 600 tokens
+
+
+def test_request_that_can_never_fit_the_kv_cache_is_refused(server):
+    """prompt + max_tokens beyond the whole pool (640 tokens) but within max_model_len: a clear error."""
+    prompt, max_tokens = NEVER_FITS
+    with pytest.raises(ServerError, match="can never fit the KV cache of 640 tokens"):
+        generate_grpc(prompt, server.grpc_url, MODEL, max_tokens=max_tokens, temperature=0.0)
+    got = generate_grpc("The capital of France is", server.grpc_url, MODEL, max_tokens=4, temperature=0.0)
+    assert len(got.token_ids) == 4
+
+
+def test_never_fitting_request_counts_as_rejected(server):
+    prompt, max_tokens = NEVER_FITS
+    before = server.metrics().get("llm_requests_rejected_total", MODEL)
+    with pytest.raises(ServerError):
+        generate_grpc(prompt, server.grpc_url, MODEL, max_tokens=max_tokens, temperature=0.0)
+    after = server.metrics().get("llm_requests_rejected_total", MODEL)
+    assert after == before + 1
