@@ -25,6 +25,8 @@ from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
+CANCEL_POLL_INTERVAL_S = 0.05  # how often clients' cancellations are checked
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, metrics: EngineMetrics | None = None):
@@ -53,6 +55,7 @@ class LLMEngine:
         self.num_lookahead_tokens = config.num_speculative_tokens if config.speculative else 0
         self._seed_source = np.random.default_rng(config.seed or None)
         self._reported_prefix = (0, 0)
+        self._last_cancel_poll = 0.0
         capacity = num_blocks * config.block_size
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB); max concurrency for %d-token sequences: %.2fx",
@@ -104,6 +107,7 @@ class LLMEngine:
             )
         if self.block_manager.blocks_needed(total + self.num_lookahead_tokens) > self.block_manager.num_blocks:
             self.metrics.inc("llm_requests_rejected_total")
+            self.metrics.flush()
             raise InvalidRequest(
                 f"the prompt ({len(token_ids)} tokens) plus max_tokens ({params.max_tokens}) can never fit the KV "
                 f"cache of {self.block_manager.num_blocks * self.config.block_size} tokens"
@@ -155,10 +159,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns an output for every request that has something to say."""
         touched: dict[str, Request] = {}
+        now = time.monotonic()
+        poll_all = now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL_S  # a poll is a round trip to Triton
+        if poll_all:
+            self._last_cancel_poll = now
         for request in list(self.requests.values()):
-            if request.is_cancelled():
+            if (poll_all or not request.polled) and request.is_cancelled():
                 self._abort(request)
                 touched[request.request_id] = request
+            request.polled = True
         speculate = self.proposer is not None and len(self.scheduler.running) <= self.config.spec_max_batch_size
         sched = self.scheduler.schedule(self._num_spec_tokens if speculate else lambda seq: 0)
         if sched.preempted:
@@ -176,6 +185,7 @@ class LLMEngine:
             self._record_step(sched)
         outputs = [out for r in touched.values() if (out := self._collect(r)) is not None]
         self._update_gauges()
+        self.metrics.flush()
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> None:

@@ -41,6 +41,7 @@ class EngineLoop:
                 raise ServerBusy("the server is shutting down")
             if limit and self.num_waiting >= limit:
                 self.engine.metrics.inc("llm_requests_rejected_total")
+                self.engine.metrics.flush()
                 raise ServerBusy(
                     f"server busy: {self.num_waiting} requests are already waiting (max_queue_size={limit}); "
                     "retry later"

@@ -6,6 +6,7 @@ Triton.
 """
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 
 _LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0]
@@ -47,11 +48,16 @@ def _key(labels: dict | None) -> tuple:
 
 
 class EngineMetrics:
+    """Counter increments reach the sinks summed, at `flush()` (the engine flushes once per step): each
+    update of a Triton metric is a round trip to the server process, too slow to make once per token."""
+
     def __init__(self):
         self.counters: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
         self.gauges: dict[str, float] = {}
         self.histograms: dict[str, list[float]] = defaultdict(list)
         self.sinks: list = []
+        self._unflushed: dict[tuple[str, tuple], float] = defaultdict(float)
+        self._lock = threading.Lock()  # counters are also bumped from request threads
 
     def add_sink(self, sink) -> None:
         """Mirror every later update into `sink`, starting from the current gauge values."""
@@ -62,9 +68,17 @@ class EngineMetrics:
     def inc(self, name: str, value: float = 1.0, labels: dict | None = None) -> None:
         assert name in COUNTERS, name
         if value:
-            self.counters[name][_key(labels)] += value
+            with self._lock:
+                self.counters[name][_key(labels)] += value
+                self._unflushed[(name, _key(labels))] += value
+
+    def flush(self) -> None:
+        """Send the counter increments made since the last flush to the sinks."""
+        with self._lock:
+            pending, self._unflushed = self._unflushed, defaultdict(float)
+        for (name, labels), value in pending.items():
             for sink in self.sinks:
-                sink.inc(name, value, labels)
+                sink.inc(name, value, dict(labels) or None)
 
     def set(self, name: str, value: float) -> None:
         assert name in GAUGES, name

@@ -123,6 +123,7 @@ class Request:
     unforked: list[Sequence] = field(default_factory=list)  # parallel samples waiting for the prompt's KV
     slots_reserved: bool = False  # the scheduler holds sequence slots for `unforked`
     error: str | None = None
+    polled: bool = False  # checked for cancellation at least once
 
     def seed_for(self, sample_index: int) -> int:
         """Each sample draws from its own generator; a seeded request reproduces whatever the batch."""

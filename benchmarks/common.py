@@ -25,61 +25,17 @@ PROMPTS = [
 
 
 def machine_description() -> str:
-    return f"{platform.node() and 'CPU'} {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    return f"CPU {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
 def median(values):
     return statistics.median(values) if values else float("nan")
 
 
-@dataclass
-class RunResult:
-    wall_s: float
-    output_tokens: int
-    ttft_s: list[float] = field(default_factory=list)
-    itl_s: list[float] = field(default_factory=list)
+def run_engine(engine, prompts: list[str], params: dict, concurrency: int) -> "LoadResult":
+    """Feed `prompts` (all with params["max_tokens"]) to an in-process engine, `concurrency` in flight."""
+    return run_engine_requests(engine, [(p, params["max_tokens"]) for p in prompts], params, concurrency)
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.output_tokens / self.wall_s
-
-
-def run_engine(engine, prompts: list[str], params: dict, concurrency: int) -> RunResult:
-    """Feed `prompts` to an in-process engine keeping `concurrency` requests in flight; greedy by default."""
-    from backend import SamplingParams
-
-    pending = list(enumerate(prompts))
-    in_flight = 0
-    arrival, first, last = {}, {}, {}
-    itl: list[float] = []
-    output_tokens = 0
-    start = time.perf_counter()
-    while pending or engine.has_work():
-        while pending and in_flight < concurrency:
-            i, prompt = pending.pop(0)
-            request = engine.build_request(f"r{i}", prompt, SamplingParams.from_dict(params), stream=True)
-            engine.add_request(request)
-            arrival[request.request_id] = time.perf_counter()
-            in_flight += 1
-        for out in engine.step():
-            now = time.perf_counter()
-            tokens = sum(len(s.token_ids) for s in out.samples)
-            if tokens:
-                rid = out.request_id
-                if rid not in first:
-                    first[rid] = now
-                else:
-                    itl.append((now - last[rid]) / tokens)
-                last[rid] = now
-                output_tokens += tokens
-            if out.finished:
-                in_flight -= 1
-    wall = time.perf_counter() - start
-    return RunResult(wall, output_tokens, [first[r] - arrival[r] for r in first], itl)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Shared by benchmarks/bench.py (added after run_engine; the pieces above keep their behaviour).
 
 # The seed workload of /work/shared/seeds/continuous_batching_from_scratch.txt ("8. Code Snippets"): 32
 # (prompt, max_tokens) requests, batch size 8. Listed there in full; copied verbatim.
@@ -154,7 +110,7 @@ class LoadResult:
 
 
 def run_engine_requests(engine, requests: list[tuple[str, int]], params: dict, concurrency: int) -> LoadResult:
-    """Like run_engine, with each request's own max_tokens and per-request latencies (in-process engine)."""
+    """Feed (prompt, max_tokens) requests to an in-process engine keeping `concurrency` in flight."""
     from backend import SamplingParams
 
     pending = list(enumerate(requests))

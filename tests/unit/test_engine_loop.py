@@ -174,20 +174,21 @@ def test_shutdown_answers_requests_in_flight(engine, loop):
         running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)))
 
 
-def test_shutdown_answers_requests_still_queued(engine, loop):
-    running = loop()
+def _shutdown_while_first_is_sent(engine, running, first_id: str, second_id: str):
+    """Submit a long request whose first delivery blocks the engine thread, queue a second one, then shut
+    down; returns the two collectors once shutdown has finished."""
     gate = threading.Event()
-    blocker = Collector()
+    first = Collector()
 
     def blocking(output):  # holds the engine thread inside its first delivery
-        blocker(output)
+        first(output)
         gate.wait(WAIT_S)
 
-    running.submit(engine.build_request("blocker", "Hi", SamplingParams(max_tokens=300, ignore_eos=True),
+    running.submit(engine.build_request(first_id, "Hi", SamplingParams(max_tokens=300, ignore_eos=True),
                                         stream=True, on_output=blocking))
-    assert blocker.first.wait(WAIT_S)
-    queued = Collector()
-    running.submit(engine.build_request("queued", "Hi", SamplingParams(max_tokens=2), on_output=queued))
+    assert first.first.wait(WAIT_S)
+    second = Collector()
+    running.submit(engine.build_request(second_id, "Hi", SamplingParams(max_tokens=2), on_output=second))
     stopper = threading.Thread(target=running.shutdown, kwargs={"timeout_s": WAIT_S})
     stopper.start()
     deadline = time.monotonic() + WAIT_S
@@ -196,6 +197,11 @@ def test_shutdown_answers_requests_still_queued(engine, loop):
     gate.set()
     stopper.join(WAIT_S)
     assert not stopper.is_alive()
+    return first, second
+
+
+def test_shutdown_answers_requests_still_queued(engine, loop):
+    blocker, queued = _shutdown_while_first_is_sent(engine, loop(), "blocker", "queued")
     never_admitted = queued.wait()
     assert never_admitted.error == "the server is shutting down" and never_admitted.samples == []
     in_flight = blocker.wait()
@@ -205,25 +211,6 @@ def test_shutdown_answers_requests_still_queued(engine, loop):
 
 
 def test_shutdown_answers_each_request_exactly_once_even_with_duplicate_ids(engine, loop):
-    running = loop()
-    gate = threading.Event()
-    original = Collector()
-
-    def blocking(output):
-        original(output)
-        gate.wait(WAIT_S)
-
-    running.submit(engine.build_request("same-id", "Hi", SamplingParams(max_tokens=300, ignore_eos=True),
-                                        stream=True, on_output=blocking))
-    assert original.first.wait(WAIT_S)
-    duplicate = Collector()
-    running.submit(engine.build_request("same-id", "Hi", SamplingParams(max_tokens=2), on_output=duplicate))
-    stopper = threading.Thread(target=running.shutdown, kwargs={"timeout_s": WAIT_S})
-    stopper.start()
-    deadline = time.monotonic() + WAIT_S
-    while not running._stopping.is_set() and time.monotonic() < deadline:
-        time.sleep(0.001)
-    gate.set()
-    stopper.join(WAIT_S)
+    original, duplicate = _shutdown_while_first_is_sent(engine, loop(), "same-id", "same-id")
     assert sum(o.finished for o in original.outputs) == 1
     assert sum(o.finished for o in duplicate.outputs) == 1

@@ -55,10 +55,14 @@ def test_sinks_mirror_updates_and_skip_no_ops():
     m.set("llm_requests_running", 3)
     m.inc("llm_generation_tokens_total", 2)
     m.observe("llm_step_num_tokens", 17)
+    m.inc("llm_generation_tokens_total", 3)
+    assert ("inc", "llm_generation_tokens_total", 2, None) not in sink.calls  # counters wait for flush()
+    m.flush()
+    m.flush()  # nothing new: nothing sent
     assert sink.calls[1:] == [
         ("set", "llm_requests_running", 3),
-        ("inc", "llm_generation_tokens_total", 2, None),
         ("observe", "llm_step_num_tokens", 17),
+        ("inc", "llm_generation_tokens_total", 5, None),  # summed
     ]
     assert m.gauges == {"llm_kv_cache_blocks_total": 100, "llm_requests_running": 3}
     assert m.histograms["llm_step_num_tokens"] == [17]
@@ -152,6 +156,7 @@ def test_triton_sink_mirrors_engine_metrics():
     m.inc("llm_requests_finished_total", labels={"finish_reason": "stop"})
     m.inc("llm_requests_finished_total", labels={"finish_reason": "stop"})
     m.inc("llm_spec_decode_num_accepted_tokens_per_pos_total", labels={"position": 2})
+    m.flush()
     m.set("llm_requests_running", 4)
     m.observe("llm_time_to_first_token_seconds", 0.25)
     assert pb.families["llm_prompt_tokens_total"].metrics[0].value == 15
