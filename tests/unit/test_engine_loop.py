@@ -148,7 +148,7 @@ def test_failing_callback_aborts_only_its_request(engine, loop):
 def test_cancelled_request_through_the_loop(engine, loop):
     running = loop()
     cancel = threading.Event()
-    c = Collector()
+    c = Collector(delay_s=0.005)  # slow deliveries: generation cannot finish before the next poll
     running.submit(engine.build_request("cx", "Count to a thousand", SamplingParams(max_tokens=400, ignore_eos=True),
                                         stream=True, on_output=c, is_cancelled=cancel.is_set))
     assert c.first.wait(WAIT_S)
