@@ -4,7 +4,7 @@
 
 Sections (all run by default; `--only` picks some):
 
-  1. The seed workload (/work/shared/seeds/continuous_batching_from_scratch.txt: 32 prompts with their own
+  1. The seed workload (the seed text continuous_batching_from_scratch.txt: 32 prompts with their own
      max_tokens, batch size 8): static batching with Hugging Face `generate` (padded batches of 8, left
      padding, each batch run to its longest request's max_tokens, as the seed does) against our engine
      through the live Triton server (a temporary model repository whose max_num_seqs is 8) with at most 8
@@ -904,7 +904,7 @@ def write_report(bench: Bench, info: dict, ceilings: dict | None, sections: dict
         f"| load average (1, 5, 15 min) | start {info['load_average_start']}, end {info['load_average_end']} |",
         f"| software | Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
         f"{info['platform']} |",
-        f"| model | {Path(bench.model_dir).name} ({bench.model_dir}) |",
+        f"| model | {Path(bench.model_dir).name} ({os.path.relpath(bench.model_dir, REPO_ROOT)}) |",
         "| dtype | float32 everywhere; greedy; every request generates exactly its max_tokens |",
         f"| engine | model_repository/llm/config.pbtxt: max_num_seqs {params.get('max_num_seqs')}, "
         f"max_num_batched_tokens {params.get('max_num_batched_tokens')}, block_size {params.get('block_size')}, "

@@ -37,7 +37,7 @@ def run_engine(engine, prompts: list[str], params: dict, concurrency: int) -> "L
     return run_engine_requests(engine, [(p, params["max_tokens"]) for p in prompts], params, concurrency)
 
 
-# The seed workload of /work/shared/seeds/continuous_batching_from_scratch.txt ("8. Code Snippets"): 32
+# The seed workload of the seed text continuous_batching_from_scratch.txt ("8. Code Snippets"): 32
 # (prompt, max_tokens) requests, batch size 8. Listed there in full; copied verbatim.
 SEED_WORKLOAD: list[tuple[str, int]] = [
     ("Explain the concept of supply and demand", 255),

@@ -1,7 +1,7 @@
 """Programmatic client for the decoupled `llm` model (gRPC streaming and HTTP generate endpoints).
 
 Only the standard library, numpy and tritonclient are used, so tests and the Locust load test can import it.
-See /work/shared/docs/interface.md for the contract (tensor names, dtypes, sampling_parameters JSON).
+The contract (tensor names, dtypes, sampling_parameters JSON) is the one the README describes.
 """
 
 from __future__ import annotations
