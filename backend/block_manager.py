@@ -41,6 +41,7 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[bytes, int] = {}
+        self._num_cached_free = 0  # free blocks still holding a cached prefix
         self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies for the runner
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
@@ -57,7 +58,7 @@ class BlockManager:
     @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold a cached prefix (reusable until evicted)."""
-        return sum(1 for block_id in self._free if self.blocks[block_id].hash is not None)
+        return self._num_cached_free
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -67,6 +68,7 @@ class BlockManager:
         block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:  # evict its cached prefix
+            self._num_cached_free -= 1
             if self._cached.get(block.hash) == block_id:
                 del self._cached[block.hash]
             block.hash = block.token_ids = None
@@ -77,6 +79,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.ref_count == 0:
             del self._free[block_id]
+            self._num_cached_free -= block.hash is not None
         block.ref_count += 1
 
     def _release(self, block_id: int) -> None:
@@ -85,6 +88,7 @@ class BlockManager:
         assert block.ref_count >= 0, f"block {block_id} released twice"
         if block.ref_count == 0:
             self._free[block_id] = None  # most recently freed: evicted last
+            self._num_cached_free += block.hash is not None
 
     def match_prefix(self, token_ids: list[int]) -> list[int]:
         """Block ids of the longest cached run of full blocks that prefixes `token_ids`.

@@ -488,16 +488,10 @@ class Bench:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.4))
-        xs = list(range(len(s.concurrency)))
-        ours_v = [data[c]["ours"]["tokens_per_s"] for c in s.concurrency]
-        hf_v = [data[c]["transformers_cb"]["tokens_per_s"] for c in s.concurrency]
-        ax.bar([x - 0.2 for x in xs], ours_v, 0.4, label="our engine (Triton)", color="#2a7ab0")
-        ax.bar([x + 0.2 for x in xs], hf_v, 0.4, label="transformers CB", color="#e08a2c")
-        ax.set_xticks(xs, [str(c) for c in s.concurrency])
-        ax.set_xlabel("concurrent streams")
-        ax.set_ylabel("output tokens/s")
-        ax.set_title("Throughput, same model / prompts / dtype, greedy")
-        ax.legend()
+        _paired_bars(ax, s.concurrency, "Throughput, same model / prompts / dtype, greedy",
+                     ("our engine (Triton)", "#2a7ab0", [data[c]["ours"]["tokens_per_s"] for c in s.concurrency]),
+                     ("transformers CB", "#e08a2c",
+                      [data[c]["transformers_cb"]["tokens_per_s"] for c in s.concurrency]))
         lines += ["", f"![section 2]({self.plot(fig, 'throughput_vs_transformers_cb.png')})"]
         return lines
 
@@ -541,19 +535,12 @@ class Bench:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.2))
-        xs = list(range(len(s.concurrency)))
-        ax.bar([x - 0.2 for x in xs], [data[c]["in_process_tok_s"] for c in s.concurrency], 0.4,
-               label="in-process engine", color="#6aa84f")
-        ax.bar([x + 0.2 for x in xs], [data[c]["triton_tok_s"] for c in s.concurrency], 0.4,
-               label="through Triton", color="#2a7ab0")
-        for x, c in zip(xs, s.concurrency):
+        _paired_bars(ax, s.concurrency, "Triton path overhead",
+                     ("in-process engine", "#6aa84f", [data[c]["in_process_tok_s"] for c in s.concurrency]),
+                     ("through Triton", "#2a7ab0", [data[c]["triton_tok_s"] for c in s.concurrency]))
+        for x, c in enumerate(s.concurrency):
             ax.annotate(f"{data[c]['overhead'] * 100:+.1f} %", (x + 0.2, data[c]["triton_tok_s"]),
                         ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(xs, [str(c) for c in s.concurrency])
-        ax.set_xlabel("concurrent streams")
-        ax.set_ylabel("output tokens/s")
-        ax.set_title("Triton path overhead")
-        ax.legend()
         lines += ["", f"![section 3]({self.plot(fig, 'triton_overhead.png')})"]
         return lines
 
@@ -858,6 +845,18 @@ def _profile_summary(data: dict, profiles: dict) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- helpers
+
+
+def _paired_bars(ax, concurrency, title: str, left: tuple, right: tuple) -> None:
+    """Two bars (label, color, values) per concurrency level, output tokens/s."""
+    xs = list(range(len(concurrency)))
+    for offset, (label, color, values) in ((-0.2, left), (0.2, right)):
+        ax.bar([x + offset for x in xs], values, 0.4, label=label, color=color)
+    ax.set_xticks(xs, [str(c) for c in concurrency])
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(title)
+    ax.legend()
 
 
 def _ms(seconds: float) -> str:

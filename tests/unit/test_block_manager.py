@@ -475,6 +475,8 @@ class BlockPoolMachine(RuleBasedStateMachine):
             block = self.bm.blocks[block_id]
             assert block.hash == block_hash
             assert tuple(kv[-1] for kv in self.kv[block_id]) == block.token_ids
+        cached_free = sum(self.bm.blocks[b].hash is not None for b in self.bm._free)
+        assert self.bm.num_cached_free_blocks == cached_free
 
     def teardown(self):
         for seq in list(self.running):
