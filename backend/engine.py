@@ -25,8 +25,6 @@ from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-CANCEL_POLL_INTERVAL_S = 0.05  # how often clients' cancellations are checked
-
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, metrics: EngineMetrics | None = None):
@@ -56,6 +54,7 @@ class LLMEngine:
         self._seed_source = np.random.default_rng(config.seed or None)
         self._reported_prefix = (0, 0)
         self._last_cancel_poll = 0.0
+        self.cancel_poll_interval_s = 0.05  # how often clients' cancellations are checked
         capacity = num_blocks * config.block_size
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB); max concurrency for %d-token sequences: %.2fx",
@@ -160,7 +159,7 @@ class LLMEngine:
         """Run one iteration; returns an output for every request that has something to say."""
         touched: dict[str, Request] = {}
         now = time.monotonic()
-        poll_all = now - self._last_cancel_poll >= CANCEL_POLL_INTERVAL_S  # a poll is a round trip to Triton
+        poll_all = now - self._last_cancel_poll >= self.cancel_poll_interval_s  # a poll is a round trip to Triton
         if poll_all:
             self._last_cancel_poll = now
         for request in list(self.requests.values()):

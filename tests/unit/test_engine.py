@@ -302,6 +302,7 @@ def test_min_tokens_and_ignore_eos_reach_max_tokens(make_engine):
 
 def test_cancellation_mid_generation(make_engine):
     engine = make_engine()
+    engine.cancel_poll_interval_s = 0  # poll every step: the fifth poll cancels, whatever the step time
     calls = {"n": 0}
 
     def cancelled():
