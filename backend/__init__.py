@@ -4,7 +4,7 @@ It imports and runs without Triton; `model_repository/llm/1/model.py` is the thi
 """
 from .config import ConfigError, EngineConfig
 from .engine import LLMEngine
-from .engine_loop import EngineLoop, ServerBusy
+from .engine_loop import EngineLoop, EngineStopped, ServerBusy
 from .request import FinishReason, Request, RequestOutput, SampleOutput
 from .sampling_params import InvalidRequest, SamplingParams
 
@@ -12,6 +12,7 @@ __all__ = [
     "ConfigError",
     "EngineConfig",
     "EngineLoop",
+    "EngineStopped",
     "FinishReason",
     "InvalidRequest",
     "LLMEngine",

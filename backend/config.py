@@ -11,6 +11,8 @@ class ConfigError(ValueError):
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
+MODEL_IMPLS = ("auto", "fused", "hf")
+QUANTIZATIONS = ("none", "int4", "int8")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -18,8 +20,10 @@ _FALSE = ("0", "false", "no", "off")
 @dataclass
 class EngineConfig:
     model: str
-    dtype: str = "float32"
+    dtype: str = "auto"  # "auto": bfloat16 where the hardware computes it natively, else float32
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
+    model_impl: str = "auto"  # "auto", "fused" (Llama-family fast path) or "hf" (Hugging Face's modules)
+    quantization: str = "none"  # "none", "int4" or "int8": weight-only low-bit copies for small batches
     draft_model: str = ""  # a folder, "self", "ngram", or "" for no speculation
     draft_dtype: str = "bfloat16"
     num_speculative_tokens: int = 0
@@ -35,9 +39,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_queue_size: int = 256
     max_n: int = 8
+    max_prompt_bytes: int = 0  # prompts longer (UTF-8 bytes) are refused before tokenizing; 0: 16 x max_model_len
     log_batch_visualization: bool = False
-    num_threads: int = 0  # torch intra-op threads; 0: torch's default
+    num_threads: int = 0  # torch intra-op threads; 0: every core but one (hardware.serving_threads)
     seed: int = 0
+    fault_injection: str = ""  # test only: see fault_injection.py
 
     @property
     def speculative(self) -> bool:
@@ -68,9 +74,15 @@ class EngineConfig:
             raise ConfigError(f"parameter 'model': no Hugging Face model folder (config.json) at {self.model!r}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ConfigError(f"parameter 'device' must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        for name in ("dtype", "draft_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ConfigError(f"parameter '{name}' must be one of {list(_DTYPES)}, got {getattr(self, name)!r}")
+        for name, allowed in (("dtype", ("auto", *_DTYPES)), ("draft_dtype", _DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"parameter '{name}' must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ConfigError(f"parameter 'model_impl' must be one of {list(MODEL_IMPLS)}, got {self.model_impl!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(
+                f"parameter 'quantization' must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}"
+            )
         if self.draft_model not in ("", "self", "ngram") and not (Path(self.draft_model) / "config.json").exists():
             raise ConfigError(
                 f"parameter 'draft_model' must be a model folder, 'self', 'ngram' or empty, got {self.draft_model!r}"
@@ -88,6 +100,7 @@ class EngineConfig:
         _check_range("max_model_len", self.max_model_len, 0, 1 << 20)
         _check_range("max_queue_size", self.max_queue_size, 0, 1 << 20)
         _check_range("max_n", self.max_n, 1, 256)
+        _check_range("max_prompt_bytes", self.max_prompt_bytes, 0, 1 << 30)
         _check_range("num_threads", self.num_threads, 0, 1024)
 
 

@@ -1,5 +1,6 @@
-"""Runs the engine on its own thread: requests come in from any thread, outputs go out through each
-request's `on_output` callback from the engine thread."""
+"""Runs the engine on its own thread: requests come in from any thread; outputs go out through each
+request's `on_output` callback from the output sender's thread (`output_sender.py`), which also watches
+each request's `is_cancelled`, so the engine thread never waits on a client."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +8,7 @@ import threading
 from collections import deque
 
 from .engine import LLMEngine
+from .output_sender import OutputSender
 from .request import Request, RequestOutput
 
 log = logging.getLogger(__name__)
@@ -14,6 +16,10 @@ log = logging.getLogger(__name__)
 
 class ServerBusy(Exception):
     """The waiting queue is full; the request is refused at once."""
+
+
+class EngineStopped(Exception):
+    """The engine thread is gone (it died, or the model is shutting down); the request is refused at once."""
 
 
 class EngineLoop:
@@ -24,6 +30,8 @@ class EngineLoop:
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+        self.sender = OutputSender()
+        self.failure: str | None = None  # why the engine thread died, once it has
 
     def start(self) -> "EngineLoop":
         self._thread.start()
@@ -34,11 +42,14 @@ class EngineLoop:
         return len(self._incoming) + len(self.engine.scheduler.waiting)
 
     def submit(self, request: Request) -> None:
-        """Queue a request for the next step; raises ServerBusy past `max_queue_size` waiting requests."""
+        """Queue a request for the next step; raises ServerBusy past `max_queue_size` waiting requests and
+        EngineStopped once the engine thread is gone."""
         limit = self.engine.config.max_queue_size
         with self._lock:
+            if self.failure is not None:
+                raise EngineStopped(self.failure)
             if self._stopping.is_set():
-                raise ServerBusy("the server is shutting down")
+                raise EngineStopped("the server is shutting down")
             if limit and self.num_waiting >= limit:
                 self.engine.metrics.inc("llm_requests_rejected_total")
                 self.engine.metrics.flush()
@@ -47,9 +58,25 @@ class EngineLoop:
                     "retry later"
                 )
             self._incoming.append(request)
+            self.sender.track(request)
         self._wakeup.set()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the thread is dying: say so to every request
+            log.exception("the engine thread died")
+            with self._lock:
+                self.failure = (
+                    f"the engine stopped after an internal error ({type(exc).__name__}: {exc}); "
+                    "the model must be reloaded (restart the server)"
+                )
+            self._fail_in_flight(self.failure)
+            self.engine.metrics.set("llm_engine_alive", 0)
+            self.engine.update_gauges()  # the blocks the failed requests held are free again
+            self.engine.metrics.flush()
+
+    def _serve(self) -> None:
         while not self._stopping.is_set():
             self._admit()
             if not self.engine.has_work():
@@ -57,7 +84,7 @@ class EngineLoop:
                 self._wakeup.clear()
                 continue
             for output in self.engine.step():
-                self._deliver(output)
+                self.sender.put(output)
 
     def _admit(self) -> None:
         while self._incoming:
@@ -65,15 +92,7 @@ class EngineLoop:
             try:
                 self.engine.add_request(request)
             except Exception as exc:  # e.g. a duplicate id: answer this request only
-                self._deliver(_error_output(request, str(exc)))
-
-    def _deliver(self, output: RequestOutput) -> None:
-        try:
-            output.request.on_output(output)
-        except Exception:
-            log.exception("sending a response for request %s failed; aborting it", output.request_id)
-            if not output.finished:
-                self.engine.abort(output.request_id)
+                self.sender.put(_error_output(request, str(exc)))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop the loop, then answer every request still in flight with an error."""
@@ -81,12 +100,25 @@ class EngineLoop:
             self._stopping.set()
         self._wakeup.set()
         self._thread.join(timeout=timeout_s)
-        message = "the server is shutting down"
-        while self._incoming:  # never reached the engine
-            self._deliver(_error_output(self._incoming.popleft(), message))
+        self._fail_in_flight("the server is shutting down")
+        self.sender.close(timeout_s)
+
+    def _fail_in_flight(self, message: str) -> None:
+        """Answer every request not yet finished with `message`, freeing what the engine holds for it."""
+        with self._lock:
+            incoming = list(self._incoming)
+            self._incoming.clear()
+        for request in incoming:  # never reached the engine
+            self.sender.put(_error_output(request, message))
         for request in list(self.engine.requests.values()):
             request.error = message
-            self._deliver(self.engine.abort(request.request_id))
+            try:
+                output = self.engine.abort(request.request_id)
+            except Exception:  # noqa: BLE001 - a broken engine must not keep the client waiting
+                log.exception("aborting request %s failed", request.request_id)
+                self.engine.requests.pop(request.request_id, None)
+                output = _error_output(request, message)
+            self.sender.put(output)
 
 
 def _error_output(request: Request, error: str) -> RequestOutput:

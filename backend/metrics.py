@@ -2,12 +2,17 @@
 
 `EngineMetrics` is what the engine updates. `TritonMetricsSink` mirrors every update into
 `pb_utils.MetricFamily` objects; it takes the `pb_utils` module as an argument so the engine never imports
-Triton.
+Triton. Each Triton metric update is a blocking round trip to the server process (a gauge's holds the GIL
+throughout), so the Triton model puts a `PeriodicPublisher` in between: updates are buffered and replayed
+from the publisher's own thread every 100 ms.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
+
+log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0]
 _BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -33,6 +38,7 @@ GAUGES = {
     "llm_kv_cache_blocks_free": "KV blocks on the free list (cached prefixes included)",
     "llm_kv_cache_blocks_cached_free": "Free KV blocks still holding a cached prefix",
     "llm_kv_cache_blocks_total": "KV blocks in the pool",
+    "llm_engine_alive": "1 while the engine thread runs; 0 once it has died (requests are refused)",
 }
 HISTOGRAMS = {
     "llm_time_to_first_token_seconds": ("Time from arrival to the first generated token", _LATENCY_BUCKETS),
@@ -138,3 +144,57 @@ class TritonMetricsSink:
 
     def observe(self, name: str, value: float) -> None:
         self._metric(name, None).observe(value)
+
+
+class PeriodicPublisher:
+    """A sink that buffers updates (summing counter increments, keeping each gauge's last value) and replays
+    them into `sink` from a thread of its own every `interval_s`."""
+
+    def __init__(self, sink, interval_s: float = 0.1):
+        self.sink = sink
+        self.interval_s = interval_s
+        self._counters: dict[tuple[str, tuple], float] = defaultdict(float)
+        self._gauges: dict[str, float] = {}
+        self._observations: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
+        self._thread.start()
+
+    def inc(self, name: str, value: float, labels: dict | None) -> None:
+        with self._lock:
+            self._counters[(name, _key(labels))] += value
+
+    def set(self, name: str, value: float) -> None:
+        with self._lock:
+            self._gauges[name] = value
+
+    def observe(self, name: str, value: float) -> None:
+        with self._lock:
+            self._observations.append((name, value))
+
+    def publish(self) -> None:
+        """Replay everything buffered so far into the sink (the publisher's thread does this periodically)."""
+        with self._lock:
+            counters, self._counters = self._counters, defaultdict(float)
+            gauges, self._gauges = self._gauges, {}
+            observations, self._observations = self._observations, []
+        for (name, labels), value in counters.items():
+            self.sink.inc(name, value, dict(labels) or None)
+        for name, value in gauges.items():
+            self.sink.set(name, value)
+        for name, value in observations:
+            self.sink.observe(name, value)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.publish()
+            except Exception:  # a metric that fails must not stop the others, nor the engine
+                log.exception("publishing metrics failed")
+
+    def close(self) -> None:
+        """Stop the thread after a last publish."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.publish()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from . import fused_llama
 from .paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,11 @@ class ForwardItem:
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, dtype: str, block_size: int, num_blocks: int, device: str = "cpu"):
+    """`model_impl`: "fused" runs the Llama-family fast path (`fused_llama.py`), "hf" Hugging Face's own
+    modules with our attention plugged in, "auto" the fused path where it supports the model."""
+
+    def __init__(self, model_path: str, dtype: str, block_size: int, num_blocks: int, device: str = "cpu",
+                 model_impl: str = "auto", quantization: str = "none"):
         self.dtype = DTYPES[dtype]
         self.device = torch.device(device)
         self.block_size = block_size
@@ -58,6 +63,12 @@ class ModelRunner:
             model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME
         ).to(self.device).eval()
         self.shape = ModelShape.of(self.model.config)
+        self.queries_per_kv = self.model.config.num_attention_heads // self.shape.num_kv_heads
+        fused = model_impl == "fused" or (model_impl == "auto" and fused_llama.supports(self.model.config))
+        if model_impl == "fused" and not fused_llama.supports(self.model.config):
+            raise ValueError(f"the fused path supports {fused_llama.ARCHITECTURES}, not this model")
+        self.fused = fused_llama.FusedLlama(self.model, quantization) if fused else None
+        self.impl = "fused" if fused else "hf"
         self.num_blocks = num_blocks
         s = self.shape
         self.kv_cache = torch.zeros(
@@ -85,12 +96,14 @@ class ModelRunner:
             positions.extend(range(item.start_pos, item.start_pos + n))
             slices.append(SeqSlice(start_row, n, item.start_pos, item.block_table))
             keep.extend(range(start_row + n - item.num_logits, start_row + n))
-        meta = build_metadata(slices, self.block_size, self.kv_cache)
+        meta = build_metadata(slices, self.block_size, self.kv_cache, self.queries_per_kv)
+        input_ids = torch.tensor(tokens, device=self.device)
+        position_ids = torch.tensor(positions, device=self.device)
+        keep = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if self.fused is not None:
+            return self.fused.forward(input_ids, position_ids, meta, keep).float().cpu()
         out = self.model(
-            input_ids=torch.tensor([tokens], device=self.device),
-            position_ids=torch.tensor([positions], device=self.device),
-            use_cache=False,
-            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+            input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, logits_to_keep=keep,
             paged_attention=meta,
         )
         return out.logits[0].float().cpu()

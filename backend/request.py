@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -48,6 +49,7 @@ class Sequence:
         self.spec_token_ids: list[int] = []  # draft tokens proposed for this step
         self.spec_draft_probs = None  # their draft distributions [k, V], or None for a deterministic draft
         self.draft_num_computed = 0  # tokens whose KV the draft model holds
+        self.matcher = None  # its own grammar state when the request constrains its output (structured_output.py)
         self.logprobs: list[dict] = []
         self.num_sent_tokens = 0
         self.final_sent = False
@@ -96,6 +98,15 @@ class SampleOutput:
     logprobs: list[dict] | None = None
 
 
+    def followed_by(self, later: "SampleOutput") -> "SampleOutput":
+        """This delta and the next one of the same sample as one."""
+        logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
+        return SampleOutput(
+            self.sample_index, self.text + later.text, self.token_ids + later.token_ids,
+            later.finish_reason or self.finish_reason, later.num_output_tokens, logprobs,
+        )
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -104,6 +115,17 @@ class RequestOutput:
     finished: bool
     error: str | None = None
     request: "Request | None" = field(default=None, repr=False)
+
+    def followed_by(self, later: "RequestOutput") -> "RequestOutput":
+        """This output and the next one of the same request as one response (a stream's deltas concatenate)."""
+        samples = {s.sample_index: s for s in self.samples}
+        for sample in later.samples:
+            earlier = samples.get(sample.sample_index)
+            samples[sample.sample_index] = sample if earlier is None else earlier.followed_by(sample)
+        return RequestOutput(
+            self.request_id, list(samples.values()), later.num_input_tokens, later.finished,
+            later.error or self.error, later.request,
+        )
 
 
 @dataclass
@@ -123,7 +145,8 @@ class Request:
     unforked: list[Sequence] = field(default_factory=list)  # parallel samples waiting for the prompt's KV
     slots_reserved: bool = False  # the scheduler holds sequence slots for `unforked`
     error: str | None = None
-    polled: bool = False  # checked for cancellation at least once
+    cancelled: bool = False  # the client cancelled: set by whoever watches it, read by the engine each step
+    grammar: Future | None = None  # its output constraint, compiling off the engine thread (structured_output.py)
 
     def seed_for(self, sample_index: int) -> int:
         """Each sample draws from its own generator; a seeded request reproduces whatever the batch."""
@@ -133,3 +156,8 @@ class Request:
     @property
     def finished(self) -> bool:
         return all(seq.is_finished for seq in self.sequences)
+
+    @property
+    def compiling(self) -> bool:
+        """Its grammar is not compiled yet (its sequences have no matchers): it waits in the queue."""
+        return self.grammar is not None and self.sequences[0].matcher is None

@@ -28,6 +28,10 @@ FLAG_NAMES = (
 INPUT_NAMES = ("text_input", "sampling_parameters") + SAMPLING_TENSORS + LIST_TENSORS + FLAG_NAMES
 
 
+# The JSON of `sampling_parameters` and of the request parameters is refused past this size before parsing.
+MAX_PARAMETERS_JSON_BYTES = 64 * 1024
+
+
 @dataclass
 class ParsedRequest:
     prompt: str
@@ -61,6 +65,10 @@ def _list(name: str, array: np.ndarray) -> list:
 
 
 def _json_object(name: str, text: str) -> dict:
+    if len(text) > MAX_PARAMETERS_JSON_BYTES or len(text.encode("utf-8")) > MAX_PARAMETERS_JSON_BYTES:
+        raise InvalidRequest(
+            f"{name} is {len(text.encode('utf-8'))} bytes of JSON; at most {MAX_PARAMETERS_JSON_BYTES} are allowed"
+        )
     try:
         value = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:

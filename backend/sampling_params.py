@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .structured_output import GuidedDecoding
 
 
 class InvalidRequest(ValueError):
     """A request the engine refuses; the message is meant for the client."""
+
+
+# Upper bounds on list-valued inputs (the README's "Security and limits" lists every bound).
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROBS = 20
 
 
 @dataclass
@@ -35,6 +45,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's logprob and the top k
     num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
+    guided_decoding: "GuidedDecoding | None" = None  # an output constraint (structured_output.py)
 
     @property
     def greedy(self) -> bool:
@@ -46,16 +57,20 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], max_n: int = 8, max_tokens_limit: int = 1 << 20) -> "SamplingParams":
-        values = resolve_aliases(values)
+        from .structured_output import CONSTRAINT_KEYS, pop_guided_decoding  # here: that module imports this one
+
+        values = dict(resolve_aliases(values))
+        guided_decoding = pop_guided_decoding(values)
         unknown = sorted(set(values) - set(_PARSERS))
         if unknown:
-            raise InvalidRequest(f"unknown sampling parameter(s) {unknown}; allowed: {sorted(_PARSERS)}")
+            allowed = sorted(_PARSERS) + CONSTRAINT_KEYS
+            raise InvalidRequest(f"unknown sampling parameter(s) {unknown}; allowed: {allowed}")
         parsed = {}
         for key, value in values.items():
             if value is None:
                 continue
             parsed[key] = _PARSERS[key](key, value)
-        params = cls(**parsed)
+        params = cls(**parsed, guided_decoding=guided_decoding)
         params._check(max_n, max_tokens_limit)
         return params
 
@@ -76,13 +91,22 @@ class SamplingParams:
         if self.seed is not None:
             _in_range("seed", self.seed, 0, 2**64 - 1)
         if self.logprobs is not None:
-            _in_range("logprobs", self.logprobs, 0, 20)
+            _in_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.num_speculative_tokens is not None:
             _in_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
-        if len(self.stop) > 16:
-            raise InvalidRequest(f"stop takes at most 16 strings, got {len(self.stop)}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequest(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(s == "" for s in self.stop):
             raise InvalidRequest("stop strings must not be empty")
+        longest = max((len(s) for s in self.stop), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise InvalidRequest(
+                f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters each, got one of {longest}"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequest(
+                f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}"
+            )
 
 
 def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens to compute this step, draft tokens included
     num_spec_tokens: int = 0  # draft tokens to verify (the last ones of num_new_tokens)
+    num_accepted: int = 0  # of those, accepted by verification (set by SpeculativeDecoder.verify)
 
     def __post_init__(self):
         self.start = self.seq.num_computed_tokens  # first position computed this step
@@ -89,8 +90,9 @@ class Scheduler:
         return True
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+        for seq in [s for s in self.waiting if not s.request.compiling]:  # a grammar still compiling: it waits
+            if budget <= 0:
+                break
             request = seq.request
             extra = len(request.unforked) if request.unforked and not request.slots_reserved else 0
             if len(self.running) + self.reserved_slots + 1 + extra > self.max_num_seqs:
@@ -99,7 +101,7 @@ class Scheduler:
             num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.can_admit(seq, cached, num_new):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.block_manager.admit(seq, cached)
             self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING

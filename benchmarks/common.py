@@ -99,6 +99,8 @@ class LoadResult:
     itl_s: list[float] = field(default_factory=list)  # per gap, GenAI-Perf: gap / tokens in the later response
     e2e_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    engine_steps: float = float("nan")  # forward passes the engine ran during the run, where known
+    step_sequences: float = float("nan")  # sequences summed over those steps (their mean batch: / engine_steps)
 
     @property
     def tokens_per_s(self) -> float:
@@ -147,32 +149,25 @@ def run_engine_requests(engine, requests: list[tuple[str, int]], params: dict, c
                       [done[r] - arrival[r] for r in done])
 
 
-def run_triton(grpc_url: str, model: str, requests: list[tuple[str, int]], params: dict, concurrency: int,
-               timeout_s: float = 600.0) -> LoadResult:
-    """Send `requests` over gRPC streaming with at most `concurrency` in flight (one thread and one reused
-    channel per slot, each request sent as soon as its slot's previous one finished)."""
+def run_closed_loop(requests: list[tuple[str, int]], concurrency: int, make_sender) -> LoadResult:
+    """Send (prompt, max_tokens) requests with at most `concurrency` in flight: one thread per stream, each
+    sending the queue's next request as soon as its previous one finished. `make_sender()` is called once per
+    stream and returns (send, close): `send(prompt, max_tokens)` returns a client.api Completion."""
     import threading
-
-    import tritonclient.grpc as grpcclient
-
-    from client.api import Completion, GrpcStream
 
     lock = threading.Lock()
     queue = list(requests)
-    completions: list[Completion] = []
-    errors: list[str] = []
-    clients = [grpcclient.InferenceServerClient(grpc_url) for _ in range(max(1, concurrency))]
+    completions, errors = [], []
+    senders = [make_sender() for _ in range(max(1, concurrency))]
 
-    def worker(client) -> None:
+    def worker(send) -> None:
         while True:
             with lock:
                 if not queue:
                     return
                 prompt, max_tokens = queue.pop(0)
             try:
-                stream = GrpcStream(prompt, grpc_url, model, stream=True, client=client, timeout_s=timeout_s,
-                                    **{**params, "max_tokens": max_tokens})
-                completion = stream.completion()
+                completion = send(prompt, max_tokens)
             except Exception as exc:  # noqa: BLE001  (reported, the run goes on)
                 with lock:
                     errors.append(str(exc))
@@ -180,20 +175,38 @@ def run_triton(grpc_url: str, model: str, requests: list[tuple[str, int]], param
             with lock:
                 completions.append(completion)
 
-    threads = [threading.Thread(target=worker, args=(c,), daemon=True) for c in clients]
+    threads = [threading.Thread(target=worker, args=(send,), daemon=True) for send, _ in senders]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    for c in clients:
-        c.close()
+    for _, close in senders:
+        close()
     return LoadResult(
         wall, sum(c.num_output_tokens for c in completions), len(completions),
         [c.ttft_s for c in completions if c.ttft_s is not None], [x for c in completions for x in c.itl_s],
         [c.e2e_s for c in completions], errors,
     )
+
+
+def run_triton(grpc_url: str, model: str, requests: list[tuple[str, int]], params: dict, concurrency: int,
+               timeout_s: float = 600.0) -> LoadResult:
+    """`run_closed_loop` over gRPC streaming, one reused channel per stream."""
+    import tritonclient.grpc as grpcclient
+
+    from client.api import GrpcStream
+
+    def make_sender():
+        client = grpcclient.InferenceServerClient(grpc_url)
+
+        def send(prompt: str, max_tokens: int):
+            return GrpcStream(prompt, grpc_url, model, stream=True, client=client, timeout_s=timeout_s,
+                              **{**params, "max_tokens": max_tokens}).completion()
+        return send, client.close
+
+    return run_closed_loop(requests, concurrency, make_sender)
 
 
 def measure_ceilings(seconds: float = 1.0, size: int = 1024, read_mib: int = 256) -> dict[str, float]:

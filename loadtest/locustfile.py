@@ -1,10 +1,12 @@
 """Locust load test for the `llm` model, calling the live server the way real clients do.
 
-Three user types (equal weights; pick some by naming them after the options, e.g. `... GrpcStreamUser`):
+Four user types (equal weights; pick some by naming them after the options, e.g. `... GrpcStreamUser`):
 
     GrpcStreamUser     gRPC bi-directional streaming (tritonclient, via client/api.py GrpcStream)
     HttpStreamUser     POST /v2/models/<model>/generate_stream (server-sent events)
     HttpGenerateUser   POST /v2/models/<model>/generate (one JSON answer)
+    OpenAIChatUser     POST /v1/chat/completions on the OpenAI-compatible front door (--openai-url), streamed
+                       with stream_options.include_usage (token counts from the usage chunk)
 
 Each user sends one request after the other (closed loop; `--wait-time` adds think time). Prompts come from
 the built-in synthetic set or `--prompts-file` (.txt / .jsonl / .json, see loadtest/workload.py); output
@@ -13,7 +15,7 @@ lengths (max_tokens, with ignore_eos so the server generates exactly that many) 
 
 What lands in Locust's own statistics (web UI, --csv, --html), one row per (Type, Name):
 
-    Type grpc_stream / http_stream / http_generate, Name <model>:
+    Type grpc_stream / http_stream / http_generate / openai_chat, Name <model>:
         end-to-end latency per request; "size" = output tokens (Average Content Size = mean output tokens);
         ServerError and any other failure are Locust failures.
     Type TTFT, Name <user type>:   time to first token (streaming users); size = prompt tokens
@@ -31,16 +33,19 @@ PREFIX, written to PREFIX_llm_summary.csv.
 Headless run (bounded users, spawn rate and time):
 
     locust -f loadtest/locustfile.py --headless -u 8 -r 2 -t 60s --host http://localhost:8000 \\
-        --grpc-url localhost:8001 --csv loadtest/results-local/run
+        --grpc-url localhost:8001 --openai-url http://localhost:9000 --csv loadtest/results-local/run
 """
 from __future__ import annotations
 
 import csv
+import http.client
 import itertools
+import json
 import logging
 import random
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Optional
 
@@ -53,13 +58,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from client.api import Completion, GrpcStream, ServerError, generate_http, stream_http  # noqa: E402
+from client.api import Chunk, Completion, GrpcStream, ServerError, generate_http, parse_sse, stream_http  # noqa: E402
 from client.api import _gevent_compat  # noqa: E402
 from loadtest.workload import Workload  # noqa: E402
 
 log = logging.getLogger("llm-loadtest")
 
-E2E_TYPES = ("grpc_stream", "http_stream", "http_generate")
+E2E_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat")
 THROUGHPUT_TYPE = "THROUGHPUT"
 TOKENS_NAME = "output_tok/s (value, not ms)"
 REQUESTS_NAME = "requests/s (value, not ms)"
@@ -73,6 +78,8 @@ def _add_options(parser) -> None:
     group = parser.add_argument_group("LLM load test (loadtest/locustfile.py)")
     group.add_argument("--grpc-url", default="",
                        help="gRPC endpoint host:port for GrpcStreamUser (default: --host's host, port 8001)")
+    group.add_argument("--openai-url", default="",
+                       help="the OpenAI-compatible front door for OpenAIChatUser (default: --host's host, port 9000)")
     group.add_argument("--model", default="llm", help="model name on the server (default llm)")
     group.add_argument("--prompts-file", default="",
                        help="prompts: .txt (one per line), .jsonl or .json (records with prompt and optional "
@@ -254,6 +261,52 @@ class HttpGenerateUser(_LLMUser):
                              timeout_s=self.options.request_timeout, exclude_input_in_output=True, **params)
 
 
+class OpenAIChatUser(_LLMUser):
+    """POST /v1/chat/completions to the front door, streamed, with the usage chunk at the end. TTFT: the first
+    chunk with content; ITL: as for the other streaming users, counting each content chunk as one engine step's
+    tokens (one token, or more with speculative decoding); the token counts come from the usage chunk."""
+
+    request_type = "openai_chat"
+
+    def call(self, prompt: str, params: dict) -> Completion:
+        url = urllib.parse.urlsplit(self.options.openai_url or _default_openai_url(self.host))
+        body = {"model": self.options.model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+                "stream_options": {"include_usage": True}, **params}
+        started = time.perf_counter()
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=self.options.request_timeout)
+        chunks, usage = [], None
+        try:
+            conn.request("POST", url.path.rstrip("/").removesuffix("/v1") + "/v1/chat/completions",
+                         body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise ServerError(f"HTTP {response.status}: {response.read().decode(errors='replace')}")
+            for payload in parse_sse(iter(response.readline, b"")):
+                if payload == "[DONE]":
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    raise ServerError(str(event["error"]))
+                usage = event.get("usage") or usage
+                for choice in event["choices"]:
+                    text = choice["delta"].get("content") or ""
+                    if text or choice["finish_reason"]:
+                        chunks.append(Chunk(text=text, finish_reason=choice["finish_reason"],
+                                            received_at=time.perf_counter()))
+        finally:
+            conn.close()
+        if usage is None:
+            raise ServerError("the stream ended without a usage chunk")
+        completion = Completion.from_chunks(chunks, started)
+        completion.num_input_tokens = usage["prompt_tokens"]
+        completion.num_output_tokens = usage["completion_tokens"]
+        return completion
+
+
+def _default_openai_url(host: Optional[str]) -> str:
+    return f"http://{_host_name(host)}:9000"
+
+
 def _http_url(host: Optional[str]) -> str:
     if not host:
         raise ServerError("no --host given (the HTTP endpoint, e.g. http://localhost:8000)")
@@ -261,10 +314,13 @@ def _http_url(host: Optional[str]) -> str:
 
 
 def _default_grpc_url(host: Optional[str]) -> str:
-    import urllib.parse
+    return f"{_host_name(host)}:8001"
 
-    name = urllib.parse.urlsplit(host if host and "//" in host else f"http://{host or 'localhost'}").hostname
-    return f"{name or 'localhost'}:8001"
+
+def _host_name(host: Optional[str]) -> str:
+    """The host name in --host (a URL or host[:port])."""
+    return urllib.parse.urlsplit(host if host and "//" in host else f"http://{host or 'localhost'}").hostname \
+        or "localhost"
 
 
 # ---------------------------------------------------------------------------------- throughput and summary

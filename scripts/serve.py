@@ -1,11 +1,17 @@
 """Launch the real Triton Inference Server bundled in the ``nvidia-pytriton`` wheel (no Docker).
 
-Importable (tests use it) and a CLI::
+Importable (tests use it) and a CLI that also starts the OpenAI-compatible front door (``python -m
+frontend``) beside the server, both stopped by one Ctrl-C; tritonserver is restarted with bounded back-off when
+it exits unexpectedly or a model's engine dies (scripts/supervisor.py)::
 
     python scripts/serve.py [--model-repository model_repository]
                             [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+                            [--openai-port 9000] [--no-frontend]
 
-Port defaults also come from the environment variables HTTP_PORT / GRPC_PORT / METRICS_PORT.
+Port defaults also come from the environment variables HTTP_PORT / GRPC_PORT / METRICS_PORT / OPENAI_PORT.
+The server's model-repository, model-config, shared-memory, trace and logging APIs are restricted to requests
+carrying the header ``llm-admin-key: $LLM_ADMIN_KEY`` (--no-restrict-apis); --no-restart and --max-restarts N
+tune the supervisor.
 The virtual environment used is ``$LLM_VENV`` (default: ``.venv`` in the repository root); it must
 have been built from the system Python whose ``libpython3.11`` the Triton python stub embeds
 (``make venv``), and the backend directory must have been assembled (``make triton``).
@@ -32,6 +38,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -43,6 +51,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional
 
+from supervisor import Supervisor
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("LLM_VENV") or (REPO_ROOT / ".venv"))
 if not VENV.is_absolute():
@@ -51,6 +61,10 @@ BACKEND_DIR = REPO_ROOT / ".triton" / "backends"
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_HOST = "127.0.0.1"  # where the server binds and where readiness is polled
 MODEL_NAME = "llm"
+# Triton APIs that change or expose the server beyond inference; the launch restricts them to requests that
+# carry the header `llm-admin-key: $LLM_ADMIN_KEY` (a random key when the variable is unset: no one).
+RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "trace", "logging")
+ADMIN_HEADER = "llm-admin-key"
 
 _TRITON_REL = Path("pytriton") / "tritonserver" / "bin" / "tritonserver"
 _LIBS_REL = Path("nvidia_pytriton.libs")
@@ -102,6 +116,7 @@ def server_command(
     backend_dir: Path | str | None = None,
     exit_timeout_s: int = 10,
     log_verbose: int = 0,
+    restrict_apis: bool = True,
     extra_args: tuple[str, ...] | list[str] = (),
 ) -> tuple[list[str], dict[str, str]]:
     """argv and environment that run tritonserver for ``model_repository``.
@@ -109,7 +124,8 @@ def server_command(
     The environment prepends ``<site-packages>/nvidia_pytriton.libs`` to LD_LIBRARY_PATH (the
     binary's shared libraries), puts the venv's ``bin/`` first on PATH (the python stub finds the
     venv's packages through the ``python`` on PATH), and puts the repository root on PYTHONPATH (so
-    a model can ``import backend``).
+    a model can ``import backend``). With ``restrict_apis`` the APIs of RESTRICTED_APIS answer only requests
+    that carry the ``llm-admin-key`` header with the value of ``$LLM_ADMIN_KEY``.
     """
     venv = Path(venv) if venv is not None else VENV
     sp = site_packages(venv)
@@ -126,6 +142,7 @@ def server_command(
         "--metrics-port", str(int(metrics_port)),
         "--log-verbose", str(int(log_verbose)),
         "--exit-timeout-secs", str(int(exit_timeout_s)),
+        *(restriction_args() if restrict_apis else []),
         *extra_args,
     ]
     env = dict(os.environ)
@@ -135,6 +152,12 @@ def server_command(
     env["PYTHONPATH"] = _prepend(str(REPO_ROOT), env.get("PYTHONPATH"))
     env["VIRTUAL_ENV"] = str(venv)
     return argv, env
+
+
+def restriction_args() -> list[str]:
+    key = os.environ.get("LLM_ADMIN_KEY") or secrets.token_urlsafe(24)
+    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
+    return [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
 
 
 def _prepend(item: str, pathlist: Optional[str]) -> str:
@@ -194,7 +217,11 @@ def log_tail(log_path: Path | str | None, lines: int = 60) -> str:
 
 def is_ready(http_port: int, host: str = DEFAULT_HOST, timeout_s: float = 2.0) -> bool:
     """True when ``GET /v2/health/ready`` answers 200."""
-    url = f"http://{_url_host(host)}:{int(http_port)}/v2/health/ready"
+    return url_ok(f"http://{_url_host(host)}:{int(http_port)}/v2/health/ready", timeout_s)
+
+
+def url_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """True when ``GET url`` answers 200."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             return resp.status == 200
@@ -222,19 +249,33 @@ def wait_until_ready(
     Raises :class:`ServerError` (with the log tail) at once if ``proc`` exits, or after
     ``timeout_s``; the server is left running on timeout (the caller stops it).
     """
+    url = f"http://{_url_host(host)}:{int(http_port)}/v2/health/ready"
+    wait_until_url_ok(url, proc, timeout_s, what="tritonserver", log_path=log_path, poll_s=poll_s)
+
+
+def wait_until_url_ok(
+    url: str,
+    proc: Optional[subprocess.Popen] = None,
+    timeout_s: float = 300.0,
+    *,
+    what: str = "tritonserver",
+    log_path: Path | str | None = None,
+    poll_s: float = 0.25,
+) -> None:
+    """Poll ``GET url`` until 200; :class:`ServerError` if ``proc`` (``what``) exits first or on timeout."""
     log_path = log_path if log_path is not None else getattr(proc, "log_path", None)
     deadline = time.monotonic() + timeout_s
     while True:
         if proc is not None and proc.poll() is not None:
             raise ServerError(
-                f"tritonserver exited with code {proc.returncode} before becoming ready; "
+                f"{what} exited with code {proc.returncode} before becoming ready; "
                 f"log tail ({log_path}):\n{log_tail(log_path)}"
             )
-        if is_ready(http_port, host):
+        if url_ok(url):
             return
         if time.monotonic() >= deadline:
             raise ServerError(
-                f"tritonserver not ready on port {http_port} after {timeout_s:.0f} s; "
+                f"{what} not ready at {url} after {timeout_s:.0f} s; "
                 f"log tail ({log_path}):\n{log_tail(log_path)}"
             )
         time.sleep(poll_s)
@@ -276,6 +317,53 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def frontend_command(
+    grpc_url: str,
+    port: int,
+    *,
+    host: str = DEFAULT_HOST,
+    metrics_url: str = "",
+    models: tuple[str, ...] | list[str] = (MODEL_NAME,),
+    model_dir: Path | str | None = None,
+    venv: Path | str | None = None,
+    extra_args: tuple[str, ...] | list[str] = (),
+) -> list[str]:
+    """argv that runs the OpenAI-compatible front door (``python -m frontend``) against the Triton server at
+    ``grpc_url`` (its metrics page ``metrics_url`` is appended to the front door's /metrics)."""
+    venv = Path(venv) if venv is not None else VENV
+    argv = [str(venv / "bin" / "python"), "-m", "frontend", "--triton-grpc", grpc_url,
+            "--triton-metrics", metrics_url, "--host", host, "--port", str(int(port))]
+    if model_dir is not None:
+        argv += ["--model-dir", str(model_dir)]
+    for name in models:
+        argv += ["--served-model-name", name]
+    return argv + list(extra_args)
+
+
+def start_frontend(grpc_url: str, port: int, log_path: Path | str | None = None, **kwargs) -> subprocess.Popen:
+    """Start the front door in the background (its own process group, like :func:`start_server`; stop it with
+    :func:`stop_server`). Output goes to ``log_path``, or to this process's stdout when None. Keyword arguments
+    go to :func:`frontend_command`. The returned Popen has ``log_path`` and ``port`` attributes."""
+    argv = frontend_command(grpc_url, port, **kwargs)
+    log = open(log_path, "ab") if log_path is not None else None
+    try:
+        proc = subprocess.Popen(argv, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT if log else None, start_new_session=True)
+    finally:
+        if log is not None:
+            log.close()
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    proc.port = int(port)  # type: ignore[attr-defined]
+    return proc
+
+
+def wait_until_frontend_ready(port: int, proc: Optional[subprocess.Popen] = None, timeout_s: float = 120.0,
+                              *, host: str = DEFAULT_HOST) -> None:
+    """Poll the front door's ``/health/ready`` (200 once Triton reports its models ready)."""
+    url = f"http://{_url_host(host)}:{int(port)}/health/ready"
+    wait_until_url_ok(url, proc, timeout_s, what="the front door")
 
 
 @dataclasses.dataclass
@@ -346,17 +434,35 @@ def usage_text(http_port: int, grpc_port: int, metrics_port: int, host: str = DE
     ])
 
 
+def frontend_usage_text(port: int, host: str = DEFAULT_HOST) -> str:
+    h = _url_host(host)
+    chat = ('{"model":"%s","messages":[{"role":"user","content":"Name three colours."}],"max_tokens":32,'
+            '"stream":true}' % MODEL_NAME)
+    return "\n".join([
+        f"=== OpenAI-compatible front door is READY: http://{h}:{port}/v1 (web page: http://{h}:{port}/) ===",
+        f"  curl -sN http://{h}:{port}/v1/chat/completions -H 'Content-Type: application/json' -d '{chat}'",
+        f"  .venv/bin/python -c \"import openai; c = openai.OpenAI(base_url='http://{h}:{port}/v1', api_key='-'); "
+        f"print(c.chat.completions.create(model='{MODEL_NAME}', messages=[{{'role': 'user', 'content': 'Hi'}}], "
+        "max_tokens=32).choices[0].message.content)\"",
+        "",
+    ])
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value else default
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description="Run tritonserver (from nvidia-pytriton) in the foreground.")
+    ap = argparse.ArgumentParser(description="Run tritonserver (from nvidia-pytriton) and the OpenAI-compatible "
+                                             "front door in the foreground; Ctrl-C stops both.")
     ap.add_argument("--model-repository", default=os.environ.get("MODEL_REPOSITORY", "model_repository"))
     ap.add_argument("--http-port", type=int, default=_env_int("HTTP_PORT", 8000))
     ap.add_argument("--grpc-port", type=int, default=_env_int("GRPC_PORT", 8001))
     ap.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT", 8002))
+    ap.add_argument("--openai-port", type=int, default=_env_int("OPENAI_PORT", 9000),
+                    help="the OpenAI-compatible front door's port (default $OPENAI_PORT or 9000)")
+    ap.add_argument("--no-frontend", action="store_true", help="run tritonserver alone")
     ap.add_argument("--host", default=os.environ.get("TRITON_HOST", DEFAULT_HOST),
                     help="bind address for all endpoints (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     ap.add_argument("--log-verbose", type=int, default=0)
@@ -364,6 +470,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ready-timeout", type=float, default=600.0,
                     help="seconds to wait for READY before giving up (the server keeps running)")
     ap.add_argument("--print-command", action="store_true", help="print the command and exit")
+    ap.add_argument("--no-restart", action="store_true",
+                    help="do not restart tritonserver when it exits unexpectedly or a model's engine dies")
+    ap.add_argument("--max-restarts", type=int, default=None,
+                    help="give up after this many consecutive restarts (default: never give up)")
+    ap.add_argument("--no-restrict-apis", action="store_true",
+                    help="leave Triton's model-repository/model-config/shared-memory/trace/logging APIs open")
     args, extra = ap.parse_known_args(argv)
 
     repo = Path(args.model_repository)
@@ -372,10 +484,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         cmd, env = server_command(
             repo, args.http_port, args.grpc_port, args.metrics_port, host=args.host,
-            exit_timeout_s=args.exit_timeout_secs, log_verbose=args.log_verbose, extra_args=extra,
+            exit_timeout_s=args.exit_timeout_secs, log_verbose=args.log_verbose,
+            restrict_apis=not args.no_restrict_apis, extra_args=extra,
         )
         if args.print_command:
-            print(" ".join(cmd))
+            print(_shown(cmd))
             for k in ("LD_LIBRARY_PATH", "PATH", "PYTHONPATH"):
                 print(f"{k}={env[k]}")
             return 0
@@ -384,43 +497,82 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    print("+ " + " ".join(cmd), flush=True)
-    # Own process group: a terminal Ctrl-C reaches only us, and we stop the server exactly once.
-    proc = subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    h = _url_host(args.host)
+    frontend = None if args.no_frontend else start_frontend(
+        f"{h}:{args.grpc_port}", args.openai_port, host=args.host,
+        metrics_url=f"http://{h}:{args.metrics_port}/metrics")
 
-    def announce() -> None:
+    def announce(proc: subprocess.Popen) -> None:  # after every (re)start of tritonserver
         try:
             wait_until_ready(args.http_port, proc, args.ready_timeout, host=args.host)
+            print(usage_text(args.http_port, args.grpc_port, args.metrics_port, args.host), flush=True)
+            if frontend is not None:
+                wait_until_frontend_ready(args.openai_port, frontend, args.ready_timeout, host=args.host)
+                print(frontend_usage_text(args.openai_port, args.host), flush=True)
         except ServerError as e:
             if proc.poll() is None:
                 print(f"\n[serve.py] {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
-            return
-        print(usage_text(args.http_port, args.grpc_port, args.metrics_port, args.host), flush=True)
 
-    threading.Thread(target=announce, daemon=True).start()
+    def launch() -> subprocess.Popen:
+        print("+ " + _shown(cmd), flush=True)
+        # Own process group: a terminal Ctrl-C reaches only us, and we stop the server exactly once.
+        proc = subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        threading.Thread(target=announce, args=(proc,), daemon=True).start()
+        return proc
 
-    def on_term(signum, frame):  # make / systemd / kill: stop the server like Ctrl-C does
+    supervisor = Supervisor(
+        launch, lambda proc: stop_server(proc, timeout_s=args.exit_timeout_secs + 20),
+        metrics_url=f"http://{h}:{args.metrics_port}/metrics",
+        max_restarts=0 if args.no_restart else args.max_restarts,
+    )
+    return supervise(supervisor, frontend, args.exit_timeout_secs)
+
+
+def supervise(supervisor: Supervisor, frontend: Optional[subprocess.Popen], exit_timeout_s: int) -> int:
+    """Run the supervisor (tritonserver, restarted when it fails) beside the front door until Ctrl-C (or
+    SIGTERM/SIGHUP), the front door exiting, or the supervisor giving up; then stop both, the front door first.
+    Returns 0 after Ctrl-C, else the exit status of what ended it."""
+    def on_term(signum, frame):  # make / systemd / kill: stop the children like Ctrl-C does
         raise KeyboardInterrupt
 
     # Explicit, so Ctrl-C works even when SIGINT was inherited as ignored (e.g. started from a script).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, on_term)
+    result: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", supervisor.run()), daemon=True)
+    thread.start()
+    code = 0
     try:
-        while True:
-            try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                print("\n[serve.py] stopping tritonserver (SIGINT) ...", file=sys.stderr, flush=True)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                code = stop_server(proc, timeout_s=args.exit_timeout_secs + 20)
-                print(f"[serve.py] tritonserver exited with code {code}", file=sys.stderr, flush=True)
-                return 0 if code in (0, -signal.SIGINT) else (code if code and code > 0 else 1)
-    finally:
-        if proc.poll() is None:
-            stop_server(proc)
+        while thread.is_alive():
+            if frontend is not None and frontend.poll() is not None:
+                print(f"\n[serve.py] the front door exited with code {frontend.returncode}; stopping the server",
+                      file=sys.stderr, flush=True)
+                code = frontend.returncode if frontend.returncode and frontend.returncode > 0 else 1
+                break
+            thread.join(0.2)
+        else:
+            code = result.get("code", 1)
+    except KeyboardInterrupt:
+        print("\n[serve.py] stopping (SIGINT) ...", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if frontend is not None and frontend.poll() is None:
+        print(f"[serve.py] the front door exited with code {stop_server(frontend, timeout_s=exit_timeout_s + 20)}",
+              file=sys.stderr, flush=True)
+    supervisor.stop()  # stops tritonserver from the supervisor's thread
+    thread.join(exit_timeout_s + 30)
+    if supervisor.proc is not None and supervisor.proc.poll() is None:
+        stop_server(supervisor.proc)
+    if supervisor.proc is not None:
+        print(f"[serve.py] tritonserver exited with code {supervisor.proc.returncode}", file=sys.stderr, flush=True)
+    return code
+
+
+def _shown(cmd: list[str]) -> str:
+    """The command line with the admin key masked."""
+    return re.sub(rf"({ADMIN_HEADER}=)\S+", r"\1***", " ".join(cmd))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 The `server` fixture writes a temporary model repository with one copy of `model_repository/llm` per entry
 of `VARIANTS` (its own name and engine parameters; `1/model.py` is symlinked), starts tritonserver on free
-ports through `scripts/serve.py`, waits until it is ready and stops it at the end. Add a variant by adding
+ports through `scripts/serve.py`, waits until it is ready and stops it at the end. The OpenAI-compatible
+front door (`python -m frontend`) runs beside it on a free port, serving `FRONTEND_MODELS`
+(`server.openai_url` is its `/v1` base URL, as the openai SDK takes it). Add a variant by adding
 an entry to `VARIANTS` (e.g. speculative decoding ones); nothing else needs to change.
 
 The `reference` fixture computes reference outputs with Hugging Face `transformers` (greedy, one prompt at a
@@ -42,23 +44,36 @@ MODEL_DIR = (REPO_ROOT / "models" / "smollm2-135m-instruct").resolve()
 # Every variant the session's server loads: model name -> engine parameters that differ from
 # model_repository/llm/config.pbtxt (string values, as in config.pbtxt). `model` is always set to the
 # absolute path of models/smollm2-135m-instruct unless a variant sets it.
+# float32 variants are held to token-for-token equality with Hugging Face's float32 `generate`.
+_FP32 = {"dtype": "float32"}
 VARIANTS: dict[str, dict[str, str]] = {
     # Default-like, but a small token budget so that prompts longer than 64 tokens are prefilled in chunks.
-    "llm": {"max_num_batched_tokens": "64", "max_num_seqs": "32"},
+    "llm": {**_FP32, "max_num_batched_tokens": "64", "max_num_seqs": "32"},
     # 40 blocks x 16 tokens = 640 tokens of KV: 24 concurrent requests must preempt.
-    "llm_small_kv": {"kv_cache_blocks": "40", "block_size": "16", "max_num_seqs": "32"},
+    "llm_small_kv": {**_FP32, "kv_cache_blocks": "40", "block_size": "16", "max_num_seqs": "32"},
     # Two running sequences and at most four waiting requests: a flood is partly refused.
-    "llm_small_queue": {"max_queue_size": "4", "max_num_seqs": "2"},
+    "llm_small_queue": {**_FP32, "max_queue_size": "4", "max_num_seqs": "2"},
     # The `llm` settings without a prefix cache: the cold-cache baseline for prefix-caching tests.
-    "llm_no_prefix_cache": {"max_num_batched_tokens": "64", "enable_prefix_caching": "false"},
-    # Speculative decoding: the default pair (the target's weights in bf16 as the draft), n-gram drafts,
-    # and a draft identical to the target. A large spec_max_batch_size keeps speculation on under load.
-    "llm_spec_draft": {"max_num_batched_tokens": "64", "draft_model": "self", "draft_dtype": "bfloat16",
+    "llm_no_prefix_cache": {**_FP32, "max_num_batched_tokens": "64", "enable_prefix_caching": "false"},
+    # Speculative decoding: the target's weights in bf16 as the draft, n-gram drafts, and a draft identical
+    # to the target. A large spec_max_batch_size keeps speculation on under load.
+    "llm_spec_draft": {**_FP32, "max_num_batched_tokens": "64", "draft_model": "self", "draft_dtype": "bfloat16",
                        "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
-    "llm_spec_ngram": {"max_num_batched_tokens": "64", "draft_model": "ngram", "num_speculative_tokens": "3",
-                       "spec_max_batch_size": "32"},
-    "llm_spec_same": {"draft_model": "self", "draft_dtype": "float32", "num_speculative_tokens": "4"},
+    "llm_spec_ngram": {**_FP32, "max_num_batched_tokens": "64", "draft_model": "ngram",
+                       "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
+    "llm_spec_same": {**_FP32, "draft_model": "self", "draft_dtype": "float32", "num_speculative_tokens": "4"},
+    # The default model repository as shipped (dtype auto: bf16 here; int4 decoder weights), with n-gram
+    # speculation on and a small token budget (chunked prefill): held to the bf16 near-tie rule.
+    "llm_default": {"max_num_batched_tokens": "64", "draft_model": "ngram", "num_speculative_tokens": "3",
+                    "spec_max_batch_size": "32"},
+    # Test-only faults (test_engine_faults.py): a step holding a request whose prompt carries the step marker
+    # raises; one carrying the death marker kills the engine thread. One sequence per step: the others wait.
+    "llm_faults": {**_FP32, "max_num_seqs": "1", "kv_cache_blocks": "64",
+                   "fault_injection": "step_error:<<FAIL THIS STEP>>,engine_death:<<KILL THE ENGINE>>"},
 }
+
+# Triton models the session's front door serves (the first is the one its batch view shows).
+FRONTEND_MODELS = ("llm", "llm_small_queue", "llm_default")
 
 _PARAM_RE = re.compile(r'\{\s*key:\s*"([^"]+)"\s*,\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
 _LOG_PATH: Optional[Path] = None  # for the failure summary
@@ -186,6 +201,13 @@ class LLMServer:
     log_path: Path
     repository: Path
     variants: dict[str, dict[str, str]]
+    frontend: Optional[object] = None  # the front door's process
+    openai_port: int = 0
+
+    @property
+    def openai_url(self) -> str:
+        """The front door's OpenAI base URL (`http://127.0.0.1:<port>/v1`)."""
+        return f"http://127.0.0.1:{self.openai_port}/v1"
 
     @property
     def http_url(self) -> str:
@@ -216,6 +238,21 @@ class LLMServer:
             if predicate(m) or time.monotonic() >= deadline:
                 return m
             time.sleep(poll_s)
+
+    def settled_metrics(self, model: str = "llm", timeout_s: float = 10.0, interval_s: float = 0.15) -> Metrics:
+        """A scrape that reflects every update the engine has made so far: the model publishes its metrics
+        from a thread of its own every 100 ms, so scrape until two scrapes `interval_s` apart agree on all of
+        `model`'s values."""
+        deadline = time.monotonic() + timeout_s
+        last = self.metrics()
+        while True:
+            time.sleep(interval_s)
+            m = self.metrics()
+            mine = {k: v for k, v in m.values.items() if ("model", model) in k[1]}
+            if mine == {k: v for k, v in last.values.items() if ("model", model) in k[1]} \
+                    or time.monotonic() >= deadline:
+                return m
+            last = m
 
     def wait_idle(self, model: str = "llm", timeout_s: float = 30.0) -> Metrics:
         """Wait until `model` runs nothing, has nothing waiting and holds no KV blocks."""
@@ -257,18 +294,27 @@ def server(tmp_path_factory) -> LLMServer:
     _LOG_PATH = log_path
     ports = [serve.free_port() for _ in range(3)]
     proc = serve.start_server(repository, *ports, log_path)
+    frontend = None
     # Compute the common reference outputs while the server loads its models.
     stop_prefetch = threading.Event()
     prefetch = threading.Thread(target=_prefetch_reference, args=(tmp_path_factory, stop_prefetch), daemon=True)
     prefetch.start()
     try:
         serve.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "300")))
-        srv = LLMServer(proc, *ports, log_path, repository, VARIANTS)
+        openai_port = serve.free_port()
+        frontend = serve.start_frontend(
+            f"127.0.0.1:{ports[1]}", openai_port, base / "frontend.log", models=FRONTEND_MODELS,
+            model_dir=MODEL_DIR, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
+        )
+        srv = LLMServer(proc, *ports, log_path, repository, VARIANTS, frontend, openai_port)
         m = srv.metrics()
         missing = [name for name in VARIANTS if not m.has("llm_kv_cache_blocks_total", name)]
         assert not missing, f"no metrics for model(s) {missing}; log tail:\n{srv.log_tail()}"
+        serve.wait_until_frontend_ready(openai_port, frontend, 120)
         yield srv
     finally:
+        if frontend is not None:
+            serve.stop_server(frontend, timeout_s=10)
         stop_prefetch.set()
         prefetch.join(timeout=60)  # torch must not be mid-computation when the interpreter exits
         code = serve.stop_server(proc)

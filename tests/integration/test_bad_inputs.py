@@ -103,6 +103,18 @@ CASES = [
     ("stop_token_id_outside_vocab", "Hi", {"sampling": {"stop_token_ids": [10**7]}},
      ["stop_token_ids must be token ids below"]),
     ("n_above_max_n_in_sampling", "Hi", {"sampling": {"n": "99"}}, ["n must be between 1 and 8, got 99"]),
+    # upper bounds on every input (README "Security and limits")
+    ("prompt_over_max_prompt_bytes", "a" * 70000, {"max_tokens": 1},
+     ["text_input is 70000 bytes of UTF-8; at most 65536 are allowed (max_prompt_bytes"]),
+    ("stop_string_too_long", "Hi", {"sampling": {"stop": ["x" * 300]}},
+     ["stop strings must be at most 256 characters each, got one of 300"]),
+    ("too_many_stop_strings", "Hi", {"sampling": {"stop": [f"s{i}" for i in range(17)]}},
+     ["stop takes at most 16 strings, got 17"]),
+    ("too_many_stop_token_ids", "Hi", {"sampling": {"stop_token_ids": list(range(100))}},
+     ["stop_token_ids takes at most 64 ids, got 100"]),
+    ("top_k_above_vocabulary", "Hi", {"top_k": 10**6}, ["top_k must be at most the vocabulary size 49152"]),
+    ("sampling_parameters_too_large", "Hi", {"sampling": '{"stop": "' + "y" * 70000 + '"}'},
+     ["sampling_parameters is 70012 bytes of JSON; at most 65536 are allowed"]),
 ]
 
 

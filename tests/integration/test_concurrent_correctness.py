@@ -33,7 +33,7 @@ def _check_against_reference(cases, refs, completions, label, eos_id):
 
 
 def _assert_batched(server, before, label):
-    after = server.metrics()
+    after = server.settled_metrics(MODEL)
     multi = after.multi_sequence_steps(MODEL) - before.multi_sequence_steps(MODEL)
     steps = after.get("llm_step_num_sequences_count", MODEL) - before.get("llm_step_num_sequences_count", MODEL)
     assert multi > 0, (f"{label}: none of the {steps:.0f} engine steps held more than one sequence "
@@ -61,7 +61,7 @@ def test_grpc_streaming_concurrent_equals_reference(server, reference, mixed_ref
             f"finish_reason must come on the last response only, got {reasons}"
     # Test 3 of the issue: the batch held several sequences at once (from the engine's own histogram).
     _assert_batched(server, before, "gRPC streaming")
-    after = server.metrics()
+    after = server.settled_metrics(MODEL)
     prompt_tokens = after.get("llm_prompt_tokens_total", MODEL) - before.get("llm_prompt_tokens_total", MODEL)
     generated = after.get("llm_generation_tokens_total", MODEL) - before.get("llm_generation_tokens_total", MODEL)
     assert generated == sum(len(r.token_ids) for r in mixed_refs)

@@ -1,5 +1,5 @@
-"""The Locust load test (loadtest/locustfile.py) against the session's server: a few seconds headless, one user
-of each type, then its CSV stats must show successful requests for every user type and the custom TTFT / ITL
+"""The Locust load test (loadtest/locustfile.py) against the session's server and its OpenAI-compatible front
+door: a few seconds headless, one user of each type, then its CSV stats must show successful requests for every user type and the custom TTFT / ITL
 rows."""
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = REPO_ROOT / "loadtest" / "locustfile.py"
 
-pytest.importorskip("locust")
-
-USER_TYPES = ("grpc_stream", "http_stream", "http_generate")
-STREAMING = ("grpc_stream", "http_stream")
+USER_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat")
+STREAMING = ("grpc_stream", "http_stream", "openai_chat")
 
 
 def _read_stats(path: Path) -> dict[tuple[str, str], dict[str, str]]:
@@ -35,8 +33,8 @@ def test_locust_headless_run(server, tmp_path):
     )
     cmd = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "-u", "3", "-r", "3", "-t", "8s", "--stop-timeout", "30",
-        "--host", f"http://{server.http_url}", "--grpc-url", server.grpc_url,
+        "-u", "4", "-r", "4", "-t", "8s", "--stop-timeout", "30",
+        "--host", f"http://{server.http_url}", "--grpc-url", server.grpc_url, "--openai-url", server.openai_url,
         "--prompts-file", str(prompts), "--max-tokens-min", "4", "--max-tokens-max", "8",
         "--throughput-interval", "2", "--workload-seed", "1",
         "--csv", str(prefix), "--html", str(tmp_path / "report.html"),

@@ -47,7 +47,7 @@ def test_second_question_reuses_the_cached_table(server, reference):
     before = server.metrics()
     _ask(server, "llm", first)  # fills the cache with the table's blocks
     warm = _ask(server, "llm", second)
-    after = server.metrics()
+    after = server.settled_metrics("llm")
 
     ref = reference.get(second, 24)
     assert cold.token_ids == ref.token_ids, first_mismatch(cold.token_ids, ref.token_ids)

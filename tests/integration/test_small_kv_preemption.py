@@ -54,5 +54,5 @@ def test_never_fitting_request_counts_as_rejected(server):
     before = server.metrics().get("llm_requests_rejected_total", MODEL)
     with pytest.raises(ServerError):
         generate_grpc(prompt, server.grpc_url, MODEL, max_tokens=max_tokens, temperature=0.0)
-    after = server.metrics().get("llm_requests_rejected_total", MODEL)
+    after = server.settled_metrics(MODEL).get("llm_requests_rejected_total", MODEL)
     assert after == before + 1

@@ -14,6 +14,17 @@ VOCAB_SIZE = 49152  # SmolLM2's vocabulary
 EOS_ID = 2  # <|im_end|>
 
 
+@pytest.fixture(scope="session", autouse=True)
+def real_threads():
+    """The engine's tests need OS threads: importing locust (or anything calling gevent's monkey.patch_all) in
+    the pytest process turns them into greenlets, and the thread-ordering tests then hang."""
+    import threading
+
+    assert threading.Thread.__module__ == "threading", (
+        f"threading is monkey-patched ({threading.Thread.__module__}): run locust in a subprocess, never import it"
+    )
+
+
 def _tiny_config(family: str, **overrides):
     import transformers
 

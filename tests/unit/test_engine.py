@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from backend import EngineConfig, InvalidRequest, LLMEngine, SamplingParams
+from backend.fault_injection import InjectedFault
 from backend.request import FinishReason
 
 MAX_STEPS = 3000
@@ -26,7 +27,7 @@ def make_engine(tiny_llama):
     engines: dict = {}
 
     def get(**overrides) -> LLMEngine:
-        settings = dict(model=tiny_llama, block_size=4, kv_cache_blocks=256, max_num_batched_tokens=64,
+        settings = dict(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256, max_num_batched_tokens=64,
                         max_num_seqs=16, seed=1234)
         settings.update(overrides)
         key = tuple(sorted(settings.items()))
@@ -301,31 +302,35 @@ def test_min_tokens_and_ignore_eos_reach_max_tokens(make_engine):
 # ----------------------------------------------------------------------------------- cancel and abort
 
 def test_cancellation_mid_generation(make_engine):
+    """A request marked cancelled (by the loop's output sender) leaves the batch at the next step."""
     engine = make_engine()
-    engine.cancel_poll_interval_s = 0  # poll every step: the fifth poll cancels, whatever the step time
-    calls = {"n": 0}
-
-    def cancelled():
-        calls["n"] += 1
-        return calls["n"] > 4
-
     request = engine.build_request("cx", PROMPTS[1], SamplingParams(n=2, seed=1, max_tokens=50, ignore_eos=True),
-                                   stream=True, is_cancelled=cancelled)
+                                   stream=True)
     other = engine.build_request("keep", PROMPTS[0], greedy(8))
-    results = run(engine, [request, other])
-    out = final(results["cx"])
+    seen: dict[str, list] = {}
+    engine.add_request(request)
+    engine.add_request(other)
+    for step in range(200):
+        if step == 4:
+            request.cancelled = True
+        for output in engine.step():
+            seen.setdefault(output.request_id, []).append(output)
+        if not engine.has_work():
+            break
+    out = final(seen["cx"])
     assert out.finished
-    reasons = {s.sample_index: s.finish_reason for o in results["cx"] for s in o.samples if s.finish_reason}
+    reasons = {s.sample_index: s.finish_reason for o in seen["cx"] for s in o.samples if s.finish_reason}
     assert reasons == {0: FinishReason.ABORT, 1: FinishReason.ABORT}
-    produced = sum(len(s.token_ids) for o in results["cx"] for s in o.samples)
+    produced = sum(len(s.token_ids) for o in seen["cx"] for s in o.samples)
     assert 0 < produced < 100
-    assert final(results["keep"]).samples[0].num_output_tokens == 8  # the other request is unaffected
+    assert final(seen["keep"]).samples[0].num_output_tokens == 8  # the other request is unaffected
     check_pool_empty(engine)
 
 
 def test_cancellation_before_admission(make_engine):
     engine = make_engine()
-    request = engine.build_request("early", PROMPTS[2], greedy(8, n=2), is_cancelled=lambda: True)
+    request = engine.build_request("early", PROMPTS[2], greedy(8, n=2))
+    request.cancelled = True
     out = final(run(engine, [request])["early"])
     assert out.finished and [s.finish_reason for s in out.samples] == [FinishReason.ABORT] * 2
     assert all(s.token_ids == [] for s in out.samples)
@@ -379,12 +384,43 @@ def test_request_that_can_never_fit_the_pool(make_engine):
         ("", greedy(), "text_input"),
         ("ok", greedy(stop_token_ids=[49152]), "stop_token_ids"),
         ("ok", greedy(stop_token_ids=[-1]), "stop_token_ids"),
+        ("ok", greedy(top_k=10**6), "top_k must be at most the vocabulary size"),
     ],
 )
 def test_bad_requests(make_engine, prompt, params, fragment):
     engine = make_engine()
     with pytest.raises(InvalidRequest, match=fragment):
         engine.build_request("bad", prompt, params)
+
+
+def test_prompt_bound_is_checked_before_tokenizing(make_engine, monkeypatch):
+    engine = make_engine(max_model_len=64)
+    assert engine.max_prompt_bytes == 16 * 64  # the default: 16 bytes per token of max_model_len
+    monkeypatch.setattr(engine, "input_tokenizer", None)  # tokenizing would raise AttributeError
+    with pytest.raises(InvalidRequest, match="text_input is 1025 bytes of UTF-8; at most 1024 are allowed"):
+        engine.build_request("huge", "a" * 1025, greedy())
+    with pytest.raises(InvalidRequest, match="text_input is 1026 bytes"):  # bytes, not characters
+        engine.build_request("huge", "\u00e9" * 513, greedy())
+    assert make_engine(max_prompt_bytes=100).max_prompt_bytes == 100
+
+
+def test_step_error_fault_fails_only_that_steps_requests(make_engine, tiny_llama, hf_greedy):
+    engine = make_engine(fault_injection="step_error:BOOM", max_num_seqs=1)
+    bad = engine.build_request("bad", "BOOM " + PROMPTS[0], greedy(4))
+    good = engine.build_request("good", PROMPTS[1], greedy(6))
+    outputs = run(engine, [bad, good])  # max_num_seqs=1: the bad request's step holds it alone
+    assert final(outputs["bad"]).error.startswith("internal error while generating: injected step_error")
+    assert final(outputs["good"]).error is None
+    assert final(outputs["good"]).samples[0].token_ids == hf_greedy(tiny_llama, good.prompt_token_ids, 6)
+    check_pool_empty(engine)
+
+
+def test_engine_death_fault_escapes_the_step(make_engine):
+    engine = make_engine(fault_injection="engine_death:DIE")
+    engine.add_request(engine.build_request("die", "DIE now", greedy(4)))
+    with pytest.raises(InjectedFault, match="engine_death"):
+        engine.step()
+    engine.abort("die")
 
 
 def test_duplicate_request_id(make_engine):
@@ -413,25 +449,6 @@ def test_metrics_after_a_run(make_engine):
     assert metrics.gauges["llm_kv_cache_blocks_free"] == 256
     assert len(metrics.histograms["llm_time_to_first_token_seconds"]) >= 3
     assert all(v >= 0 for v in metrics.histograms["llm_inter_token_latency_seconds"])
-
-
-def test_describe_step(make_engine):
-    engine = make_engine(max_num_batched_tokens=16)
-    request = engine.build_request("viz", "A prompt seen by no other test: " + PROMPTS[2], greedy(3))
-    engine.add_request(request)
-    total = len(request.prompt_token_ids)
-    sched = engine.scheduler.schedule()
-    line = engine.describe_step(sched)
-    assert f"[viz#0 prefill 0:16/{total} 16t]" in line and "16/16 tokens" in line
-    engine._run(sched)
-    lines = []
-    while engine.has_work():
-        sched = engine.scheduler.schedule()
-        lines.append(engine.describe_step(sched))
-        engine._run(sched)
-        engine._collect(request)
-    assert "[viz#0 decode 1t]" in lines[-1] and "1/16 tokens" in lines[-1]
-    check_pool_empty(engine)
 
 
 def test_n_above_max_num_seqs_is_refused_or_served(make_engine, tiny_llama):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
-from backend import EngineConfig, EngineLoop, LLMEngine, SamplingParams, ServerBusy
+from backend import EngineConfig, EngineLoop, EngineStopped, LLMEngine, SamplingParams, ServerBusy
 from backend.request import FinishReason
 
 WAIT_S = 60
@@ -15,7 +16,7 @@ WAIT_S = 60
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
-    return LLMEngine(EngineConfig(model=tiny_llama, block_size=4, kv_cache_blocks=256, max_queue_size=256))
+    return LLMEngine(EngineConfig(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256, max_queue_size=256))
 
 
 @pytest.fixture
@@ -42,12 +43,11 @@ def loop(engine):
 class Collector:
     """An on_output callback that records outputs, the threads they came from, and signals the final one."""
 
-    def __init__(self, delay_s: float = 0.0):
+    def __init__(self):
         self.outputs = []
         self.threads = set()
         self.done = threading.Event()
         self.first = threading.Event()
-        self.delay_s = delay_s
 
     def __call__(self, output):
         self.outputs.append(output)
@@ -55,15 +55,39 @@ class Collector:
         self.first.set()
         if output.finished:
             self.done.set()
-        if self.delay_s:
-            time.sleep(self.delay_s)
 
     def wait(self):
         assert self.done.wait(WAIT_S), "no final output"
         return self.outputs[-1]
 
 
-def test_outputs_arrive_from_the_engine_thread(engine, loop):
+def _wait_for(condition) -> bool:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+@contextmanager
+def steps_held_while(engine, hold):
+    """Each engine step first waits while hold() is true: orders the engine thread against the client's actions
+    instead of racing it (the output sender keeps a slow client from slowing generation, so delays prove nothing)."""
+    step = engine.step
+
+    def held_step():
+        assert _wait_for(lambda: not hold()), "the engine step was held too long"
+        return step()
+
+    engine.step = held_step
+    try:
+        yield
+    finally:
+        del engine.step  # back to the class's method
+
+
+def test_outputs_arrive_from_the_output_sender_thread(engine, loop):
     running = loop()
     collectors = {}
     for i, prompt in enumerate(["Hello there", "A much longer prompt about many things", "x"]):
@@ -75,13 +99,39 @@ def test_outputs_arrive_from_the_engine_thread(engine, loop):
     for i, c in collectors.items():
         final = c.wait()
         assert final.finished and final.error is None
-        assert c.threads == {"llm-engine"}
+        assert c.threads == {"llm-output-sender"}  # the engine thread never waits on a client
         tokens = [t for o in c.outputs for s in o.samples for t in s.token_ids]
         assert len(tokens) == 6 or tokens[-1] == 2
-    assert len(collectors[0].outputs) > 1  # streamed
     assert len(collectors[1].outputs) == 1  # one final response
     running.shutdown(timeout_s=WAIT_S)
     assert not running._thread.is_alive()
+
+
+def test_a_slow_client_gets_its_waiting_deltas_merged(engine, loop):
+    """While a delivery is slow the engine keeps generating; the deltas waiting for that stream go out as
+    one response, in order, with exactly one final."""
+    running = loop()
+    steps_at_start = engine.num_steps
+    slow = Collector()
+    first_delivery = slow.__call__
+
+    def slow_first_delivery(output):  # the first delivery lasts until the engine has made 10 more steps
+        if not slow.outputs:
+            assert _wait_for(lambda: engine.num_steps >= steps_at_start + 11)
+        first_delivery(output)
+
+    request = engine.build_request("slow", "Count", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+                                   stream=True, on_output=slow_first_delivery)
+    with steps_held_while(engine, lambda: engine.num_steps >= steps_at_start + 20 and len(slow.outputs) < 2):
+        running.submit(request)
+        final = slow.wait()
+    tokens = [t for o in slow.outputs for s in o.samples for t in s.token_ids]
+    assert len(tokens) == 40 and final.samples[-1].num_output_tokens == 40
+    assert 1 < len(slow.outputs) < 40  # streamed, and merged while the client was slow:
+    assert max(len(o.samples[0].token_ids) for o in slow.outputs) >= 5  # the deltas of the held delivery went as one
+    assert sum(o.finished for o in slow.outputs) == 1
+    text = "".join(s.text for o in slow.outputs for s in o.samples)
+    assert text == engine.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 def test_server_busy_past_max_queue_size(engine, loop):
@@ -147,56 +197,74 @@ def test_failing_callback_aborts_only_its_request(engine, loop):
 
 def test_cancelled_request_through_the_loop(engine, loop):
     running = loop()
-    cancel = threading.Event()
-    c = Collector(delay_s=0.005)  # slow deliveries: generation cannot finish before the next poll
-    running.submit(engine.build_request("cx", "Count to a thousand", SamplingParams(max_tokens=400, ignore_eos=True),
-                                        stream=True, on_output=c, is_cancelled=cancel.is_set))
-    assert c.first.wait(WAIT_S)
-    cancel.set()
-    final = c.wait()
+    cancel, seen = threading.Event(), threading.Event()
+    c = Collector()
+
+    def is_cancelled() -> bool:
+        if cancel.is_set():
+            seen.set()
+        return cancel.is_set()
+
+    # after its first output the request makes no progress until the cancellation sweep has seen the flag
+    with steps_held_while(engine, lambda: c.first.is_set() and not seen.is_set()):
+        running.submit(engine.build_request("cx", "Count to a thousand", SamplingParams(max_tokens=400,
+                                            ignore_eos=True), stream=True, on_output=c, is_cancelled=is_cancelled))
+        assert c.first.wait(WAIT_S)
+        cancel.set()
+        final = c.wait()
     assert final.samples[-1].finish_reason == FinishReason.ABORT
     assert sum(len(s.token_ids) for o in c.outputs for s in o.samples) < 400
 
 
 def test_shutdown_answers_requests_in_flight(engine, loop):
     running = loop()
-    slow = Collector(delay_s=0.005)  # each delivery takes a while: generation cannot finish first
-    running.submit(engine.build_request("long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True),
-                                        stream=True, on_output=slow))
-    assert slow.first.wait(WAIT_S)
-    running.shutdown(timeout_s=WAIT_S)
+    first = Collector()
+    # after its first output the request makes no progress until shutdown has begun
+    with steps_held_while(engine, lambda: first.first.is_set() and not running._stopping.is_set()):
+        running.submit(engine.build_request("long", "Write an essay", SamplingParams(max_tokens=400,
+                                            ignore_eos=True), stream=True, on_output=first))
+        assert first.first.wait(WAIT_S)
+        running.shutdown(timeout_s=WAIT_S)
     assert not running._thread.is_alive()
-    final = slow.outputs[-1]
+    final = first.outputs[-1]
     assert final.finished and final.error == "the server is shutting down"
-    assert sum(len(s.token_ids) for o in slow.outputs for s in o.samples) < 400
+    assert sum(len(s.token_ids) for o in first.outputs for s in o.samples) < 400
     assert not engine.requests and engine.block_manager.num_used_blocks == 0
-    with pytest.raises(ServerBusy, match="shutting down"):
+    with pytest.raises(EngineStopped, match="shutting down"):
         running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)))
 
 
 def _shutdown_while_first_is_sent(engine, running, first_id: str, second_id: str):
-    """Submit a long request whose first delivery blocks the engine thread, queue a second one, then shut
-    down; returns the two collectors once shutdown has finished."""
-    gate = threading.Event()
+    """Submit a long request, hold the engine thread inside the step that produced its first output, queue
+    a second one, then shut down; returns the two collectors once shutdown has finished."""
+    gate, held = threading.Event(), threading.Event()
     first = Collector()
+    step = engine.step
 
-    def blocking(output):  # holds the engine thread inside its first delivery
-        first(output)
-        gate.wait(WAIT_S)
+    def held_step():  # the engine thread stays inside the step that produced outputs until the gate opens
+        outputs = step()
+        if outputs:
+            held.set()
+            gate.wait(WAIT_S)
+        return outputs
 
-    running.submit(engine.build_request(first_id, "Hi", SamplingParams(max_tokens=300, ignore_eos=True),
-                                        stream=True, on_output=blocking))
-    assert first.first.wait(WAIT_S)
-    second = Collector()
-    running.submit(engine.build_request(second_id, "Hi", SamplingParams(max_tokens=2), on_output=second))
-    stopper = threading.Thread(target=running.shutdown, kwargs={"timeout_s": WAIT_S})
-    stopper.start()
-    deadline = time.monotonic() + WAIT_S
-    while not running._stopping.is_set() and time.monotonic() < deadline:
-        time.sleep(0.001)
-    gate.set()
-    stopper.join(WAIT_S)
-    assert not stopper.is_alive()
+    engine.step = held_step
+    try:
+        running.submit(engine.build_request(first_id, "Hi", SamplingParams(max_tokens=300, ignore_eos=True),
+                                            stream=True, on_output=first))
+        assert held.wait(WAIT_S)
+        second = Collector()
+        running.submit(engine.build_request(second_id, "Hi", SamplingParams(max_tokens=2), on_output=second))
+        stopper = threading.Thread(target=running.shutdown, kwargs={"timeout_s": WAIT_S})
+        stopper.start()
+        deadline = time.monotonic() + WAIT_S
+        while not running._stopping.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        gate.set()
+        stopper.join(WAIT_S)
+        assert not stopper.is_alive()
+    finally:
+        del engine.step  # back to the class's method
     return first, second
 
 
@@ -214,3 +282,26 @@ def test_shutdown_answers_each_request_exactly_once_even_with_duplicate_ids(engi
     original, duplicate = _shutdown_while_first_is_sent(engine, loop(), "same-id", "same-id")
     assert sum(o.finished for o in original.outputs) == 1
     assert sum(o.finished for o in duplicate.outputs) == 1
+
+
+def test_a_dead_engine_thread_answers_every_request_at_once(tiny_llama):
+    engine = LLMEngine(EngineConfig(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256,
+                                    fault_injection="engine_death:DIE"))
+    running = EngineLoop(engine)
+    long, dying = Collector(), Collector()
+    running.start()
+    running.submit(engine.build_request("long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True),
+                                        stream=True, on_output=long))
+    assert long.first.wait(WAIT_S)
+    running.submit(engine.build_request("die", "DIE please", SamplingParams(max_tokens=4), on_output=dying))
+    assert dying.wait().error.startswith("the engine stopped after an internal error (InjectedFault: injected")
+    assert long.wait().error == dying.outputs[-1].error  # the request in flight is answered too
+    running._thread.join(WAIT_S)
+    assert not running._thread.is_alive() and running.failure == dying.outputs[-1].error
+    assert engine.metrics.gauges["llm_engine_alive"] == 0
+    assert engine.block_manager.num_used_blocks == 0
+    started = time.monotonic()
+    with pytest.raises(EngineStopped, match="the model must be reloaded"):
+        running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)))
+    assert time.monotonic() - started < 1.0
+    running.shutdown(timeout_s=WAIT_S)

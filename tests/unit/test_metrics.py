@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.metrics import COUNTERS, GAUGES, HISTOGRAMS, EngineMetrics, TritonMetricsSink
+from backend.metrics import COUNTERS, GAUGES, HISTOGRAMS, EngineMetrics, PeriodicPublisher, TritonMetricsSink
 
 
 class RecordingSink:
@@ -66,6 +66,43 @@ def test_sinks_mirror_updates_and_skip_no_ops():
     ]
     assert m.gauges == {"llm_kv_cache_blocks_total": 100, "llm_requests_running": 3}
     assert m.histograms["llm_step_num_tokens"] == [17]
+
+
+def test_periodic_publisher_replays_buffered_updates_from_its_own_thread():
+    """The Triton model's sink: updates are buffered (counters summed, each gauge's last value kept) and
+    replayed into the real sink from the publisher's thread, never from the engine's."""
+    import threading
+    import time
+
+    threads = set()
+
+    class ThreadRecordingSink(RecordingSink):
+        def __getattribute__(self, name):
+            if name in ("inc", "set", "observe"):
+                threads.add(threading.current_thread().name)
+            return super().__getattribute__(name)
+
+    sink = ThreadRecordingSink()
+    publisher = PeriodicPublisher(sink, interval_s=0.02)
+    m = EngineMetrics()
+    m.add_sink(publisher)
+    m.set("llm_requests_running", 1)
+    m.set("llm_requests_running", 4)
+    m.inc("llm_generation_tokens_total", 2)
+    m.flush()
+    m.inc("llm_generation_tokens_total", 3)
+    m.flush()
+    m.observe("llm_step_num_tokens", 9)
+    assert sink.calls == []  # nothing on the caller's thread
+    deadline = time.monotonic() + 5
+    while len(sink.calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    publisher.close()
+    assert sorted(sink.calls, key=str) == sorted([
+        ("inc", "llm_generation_tokens_total", 5, None), ("set", "llm_requests_running", 4),
+        ("observe", "llm_step_num_tokens", 9),
+    ], key=str)
+    assert threads == {"llm-metrics"}
 
 
 def test_histograms_stay_bounded():

@@ -137,6 +137,9 @@ def test_return_flags_are_checked_and_not_passed_on():
         (prompt_and(stream=np.array([2], dtype=np.int32)), "", "stream must be true or false"),
         (prompt_and(stop_words=np.array([b"\xff"], dtype=object)), "", "stop_words must be valid UTF-8"),
         (prompt_and(n=np.array([9])), "", "n must be between 1 and 8"),
+        (prompt_and(sampling_parameters=text('{"stop": "' + "x" * 70000 + '"}')), "",
+         "sampling_parameters is 70012 bytes of JSON; at most 65536 are allowed"),
+        ({"text_input": text("x")}, json.dumps({"pad": "y" * 70000}), "request parameters is 70011 bytes of JSON"),
     ],
 )
 def test_bad_inputs_name_the_field(tensors, parameters, fragment):

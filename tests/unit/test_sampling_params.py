@@ -101,6 +101,8 @@ def test_logprobs_forms():
         ({"stop": 7}, "stop must be a string or a list of strings"),
         ({"stop": [""]}, "stop strings must not be empty"),
         ({"stop": [str(i) for i in range(17)]}, "stop takes at most 16"),
+        ({"stop": ["x" * 257]}, "stop strings must be at most 256 characters each, got one of 257"),
+        ({"stop_token_ids": list(range(65))}, "stop_token_ids takes at most 64 ids, got 65"),
         ({"stop_token_ids": 5}, "stop_token_ids must be a list of integers"),
         ({"stop_token_ids": [1, "x"]}, "stop_token_ids[1] must be an integer"),
         ({"ignore_eos": "yes please"}, "ignore_eos must be true or false"),

@@ -36,7 +36,7 @@ def _run(engine: LLMEngine, prompts, **params) -> dict[str, tuple[list[int], str
 
 
 def _engine(model: str, **overrides) -> LLMEngine:
-    settings = dict(model=model, kv_cache_blocks=256, block_size=4, max_num_batched_tokens=48, max_num_seqs=8)
+    settings = dict(model=model, dtype="float32", kv_cache_blocks=256, block_size=4, max_num_batched_tokens=48, max_num_seqs=8)
     return LLMEngine(EngineConfig(**{**settings, **overrides}))
 
 
@@ -108,7 +108,7 @@ def test_sampled_token_frequencies_match_without_speculation():
 
     def frequencies(**spec) -> list[dict[int, int]]:
         engine = LLMEngine(EngineConfig(
-            model=str(SMOL_DIR), kv_cache_blocks=2048, max_num_seqs=samples, max_num_batched_tokens=4096,
+            model=str(SMOL_DIR), dtype="float32", kv_cache_blocks=2048, max_num_seqs=samples, max_num_batched_tokens=4096,
             spec_max_batch_size=samples, **spec,
         ))
         for i in range(samples):

@@ -1,7 +1,8 @@
 """Triton glue for the LLM engine: parse and validate each request, hand it to the engine, send responses.
 
-Decoupled: `execute` returns at once; the engine thread sends every response through the request's
-response sender, the last one with the FINAL flag.
+Decoupled: `execute` returns at once; the engine loop's output sender thread sends every response through
+the request's response sender (the last one with the FINAL flag) and polls `is_cancelled()`, so the engine
+thread never waits on a round trip to the server.
 """
 import json
 import logging
@@ -17,8 +18,9 @@ try:
 except ImportError:  # running from a checkout: the repository root is three levels up
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from backend import EngineConfig, EngineLoop, InvalidRequest, LLMEngine, RequestOutput, ServerBusy
-from backend.metrics import TritonMetricsSink
+from backend import EngineConfig, EngineLoop, EngineStopped, InvalidRequest, LLMEngine, RequestOutput, ServerBusy
+from backend.batch_view import WatchStream, engine_summary, is_watch_request
+from backend.metrics import PeriodicPublisher, TritonMetricsSink
 from backend.request_inputs import INPUT_NAMES, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -42,18 +44,22 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         config = EngineConfig.from_parameters(parameters, base_dir=Path(args["model_repository"]))
         self.engine = LLMEngine(config)
-        self.metrics_sink = TritonMetricsSink(
-            pb_utils, {"model": args["model_name"], "version": args["model_version"]}
+        # Triton metric updates are round trips to the server: published from their own thread every 100 ms
+        self.metrics_publisher = PeriodicPublisher(
+            TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
         )
-        self.engine.metrics.add_sink(self.metrics_sink)
+        self.engine.metrics.add_sink(self.metrics_publisher)
         self.loop = EngineLoop(self.engine).start()
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            if is_watch_request(request.parameters()):
+                self._watch(sender)
+                continue
             try:
                 self._submit(request, sender)
-            except (InvalidRequest, ServerBusy) as exc:
+            except (InvalidRequest, ServerBusy, EngineStopped) as exc:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
         return None
 
@@ -73,8 +79,21 @@ class TritonPythonModel:
         )
         self.loop.submit(engine_request)
 
+    def _watch(self, sender):
+        """A batch view watch (`"batch_view": true`): the engine's step records stream back as JSON in
+        `text_output` until the client cancels."""
+        def send(text):
+            sender.send(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object))]
+            ))
+
+        WatchStream(self.engine.watchers, engine_summary(self.engine), send, sender.is_cancelled,
+                    lambda: sender.send(flags=FINAL)).start()
+
     def finalize(self):
+        self.engine.watchers.close()
         self.loop.shutdown()
+        self.metrics_publisher.close()
         self.engine.metrics.sinks.clear()
 
 

@@ -1,0 +1,99 @@
+"""What happens to a token after it is chosen: stop rules, latency metrics, and the outputs clients receive.
+
+`append` adds a generated token to a sequence and finishes it on EOS, a stop token, a stop string (the
+detokenizer holds back text that may become one), a completed grammar, max_tokens or the model's length. `collect` turns a
+request's state into a `RequestOutput`: the new text and token ids of every sample for a stream, everything
+at the end otherwise.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .metrics import EngineMetrics
+from .request import FinishReason, Request, RequestOutput, SampleOutput, Sequence
+from .sampler import Sampler
+from .scheduler import Scheduler
+from .structured_output import advance
+
+
+class OutputProcessor:
+    def __init__(self, scheduler: Scheduler, sampler: Sampler, metrics: EngineMetrics, eos_token_ids: set[int],
+                 max_model_len: int):
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.metrics = metrics
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+
+    def append(self, seq: Sequence, token_id: int, logits: torch.Tensor) -> bool:
+        """Add a generated token and apply every stop rule; returns True if the sequence finished."""
+        params = seq.params
+        seq.token_ids.append(token_id)
+        now = time.perf_counter()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.metrics.observe("llm_time_to_first_token_seconds", now - seq.request.arrival_time)
+        else:
+            self.metrics.observe("llm_inter_token_latency_seconds", now - seq.last_token_time)
+        seq.last_token_time = now
+        self.metrics.inc("llm_generation_tokens_total")
+        if params.logprobs is not None:
+            seq.logprobs.append(self.sampler.logprobs(logits, token_id, params.logprobs))
+        reason = None
+        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+            reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
+            if params.include_stop_str_in_output:
+                seq.detokenizer.append(token_id)
+        elif seq.detokenizer.append(token_id):
+            reason = FinishReason.STOP
+        elif seq.matcher is not None and advance(seq.matcher, token_id):
+            reason = FinishReason.STOP  # the grammar is complete
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self.finish(seq, reason)
+        return reason is not None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.finish_reason = reason
+        seq.detokenizer.flush()
+        self.scheduler.finish(seq)
+
+    def collect(self, request: Request) -> RequestOutput | None:
+        """The request's output for this step, or None when it has nothing to say."""
+        finished = request.finished
+        samples = []
+        if request.stream:
+            for seq in request.sequences:
+                new_ids = seq.output_token_ids[seq.num_sent_tokens :]
+                text = seq.detokenizer.take_new_text(seq.is_finished)
+                if new_ids or text or (seq.is_finished and not seq.final_sent):
+                    samples.append(_sample_output(seq, text, new_ids, seq.logprobs[seq.num_sent_tokens :]))
+                    seq.final_sent = seq.is_finished
+                seq.num_sent_tokens = seq.num_output_tokens
+        elif finished:
+            for seq in request.sequences:
+                text = seq.detokenizer.take_new_text(True)
+                samples.append(_sample_output(seq, text, seq.output_token_ids, seq.logprobs))
+        if not samples and not finished:
+            return None
+        if finished:
+            self.metrics.observe("llm_e2e_request_latency_seconds", time.perf_counter() - request.arrival_time)
+            reason = request.sequences[0].finish_reason.value if request.sequences[0].finish_reason else "abort"
+            self.metrics.inc("llm_requests_finished_total", labels={"finish_reason": reason})
+        return RequestOutput(
+            request.request_id, samples, len(request.prompt_token_ids), finished, request.error, request
+        )
+
+
+def _sample_output(seq: Sequence, text: str, token_ids: list[int], logprobs: list[dict]) -> SampleOutput:
+    return SampleOutput(
+        sample_index=seq.sample_index,
+        text=text,
+        token_ids=list(token_ids),
+        finish_reason=seq.finish_reason,
+        num_output_tokens=seq.num_output_tokens,
+        logprobs=list(logprobs) if seq.params.logprobs is not None else None,
+    )

@@ -1,0 +1,84 @@
+"""Speculative decoding inside the running batch: how many drafts each decode may verify, asking the proposer
+for them, and turning the target's logits over the k + 1 verified positions into accepted tokens.
+
+The target verifies a sequence's k draft tokens in the same ragged forward pass that carries everyone
+else's prefill chunks and decodes; the rejection sampler (`rejection_sampler.py`) keeps the output
+distributed exactly as the target's, and the KV of rejected positions is rolled back.
+"""
+from __future__ import annotations
+
+import torch
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .metrics import EngineMetrics
+from .output_processor import OutputProcessor
+from .proposers import Proposer
+from .rejection_sampler import verify_greedy, verify_sampled
+from .request import Sequence
+from .sampler import Sampler
+from .scheduler import ScheduledSeq, SchedulerOutput
+
+
+class SpeculativeDecoder:
+    def __init__(self, config: EngineConfig, proposer: Proposer, sampler: Sampler, block_manager: BlockManager,
+                 outputs: OutputProcessor, metrics: EngineMetrics, max_model_len: int):
+        self.config = config
+        self.proposer = proposer
+        self.sampler = sampler
+        self.block_manager = block_manager
+        self.outputs = outputs
+        self.metrics = metrics
+        self.max_model_len = max_model_len
+
+    def active(self, num_running: int) -> bool:
+        """Speculation is off for a busy batch: there the verification compute costs more than it saves."""
+        return num_running <= self.config.spec_max_batch_size
+
+    def num_draft_tokens(self, seq: Sequence) -> int:
+        """Draft tokens this decode may verify: the request's k (never above the configured k), no more than
+        its remaining output allows."""
+        params = seq.params
+        k = self.config.num_speculative_tokens
+        if params.num_speculative_tokens is not None:
+            k = min(k, params.num_speculative_tokens)
+        remaining = min(params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+        return max(0, min(k, remaining))
+
+    def propose(self, sched: SchedulerOutput, copies: list[tuple[int, int]]) -> None:
+        """Ask the proposer for drafts; a sequence that gets fewer than asked verifies fewer."""
+        self.proposer.copy_blocks(copies)
+        speculating = [s for s in sched.scheduled if s.num_spec_tokens]
+        for s in sched.scheduled:
+            s.seq.spec_token_ids = []
+        self.proposer.propose([(s.seq, s.num_spec_tokens) for s in speculating])
+        for s in speculating:
+            unused = s.num_spec_tokens - len(s.seq.spec_token_ids)
+            s.num_new_tokens -= unused
+            s.num_spec_tokens -= unused
+
+    def verify(self, s: ScheduledSeq, logits: torch.Tensor) -> None:
+        """Accept a prefix of the draft, roll the KV back past it, and append the emitted tokens."""
+        seq = s.seq
+        drafts = seq.spec_token_ids
+        num_tokens = seq.num_tokens
+        rows = [self.sampler.process_logits(logits[i], seq, seq.token_ids + drafts[:i]) for i in range(len(drafts) + 1)]
+        if seq.params.greedy:
+            result = verify_greedy([int(torch.argmax(r)) for r in rows], drafts)
+        else:
+            target_probs = torch.stack([self.sampler.probs(r, seq) for r in rows])
+            result = verify_sampled(target_probs, drafts, seq.spec_draft_probs, seq.generator)
+        s.num_accepted = result.num_accepted
+        seq.num_computed_tokens = num_tokens + result.num_accepted  # KV of rejected positions is dropped
+        seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
+        seq.spec_token_ids = []
+        self.block_manager.trim(seq)
+        self.block_manager.commit(seq)
+        self.metrics.inc("llm_spec_decode_num_drafts_total")
+        self.metrics.inc("llm_spec_decode_num_draft_tokens_total", len(drafts))
+        self.metrics.inc("llm_spec_decode_num_accepted_tokens_total", result.num_accepted)
+        for position in range(result.num_accepted):
+            self.metrics.inc("llm_spec_decode_num_accepted_tokens_per_pos_total", labels={"position": position})
+        for i, token_id in enumerate(result.tokens):
+            if self.outputs.append(seq, token_id, logits[i]):
+                break

@@ -1,0 +1,350 @@
+"""Section 4: decode tokens/s against the machine's ceilings, for the bytes the served engine actually reads per
+step, and a torch.profiler breakdown of a decode step (the table that shows what bounds a missed target)."""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import types
+
+import torch
+
+from benchmarks.common import PROMPTS
+from benchmarks.harness import DECODE_PROFILE, GOALS, GREEDY, Bench, log
+
+TITLE = "Roofline: decode tokens/s against the machine's ceilings"
+
+
+# ------------------------------------------------------------------------------------------------ what a step reads
+
+
+def engine_linears(engine) -> list:
+    """The linear layers one decode step runs, LM head last: the fused path's layer objects (backend/linear.py),
+    or Hugging Face's nn.Linear modules on the generic path. Each has `.weight` and is called on [M, in]."""
+    fused = engine.runner.fused
+    if fused is None:
+        return [m for m in engine.runner.model.modules() if isinstance(m, torch.nn.Linear)]
+    return [lin for layer in fused.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [
+        fused.lm_head]
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def linear_bytes(layer, batch: int) -> int:
+    """Bytes one call at `batch` rows reads: the low-bit copy where the layer uses it, else the dense weight.
+    (An Int4Linear keeps a dense copy too, for larger M; a small-M call reads only the 4-bit one.)"""
+    small = batch <= getattr(layer, "max_m", 0)
+    if small and hasattr(layer, "int4"):
+        return _nbytes(layer.int4, layer.scales_and_zeros, layer.bias)
+    if small and hasattr(layer, "int8"):
+        return _nbytes(layer.int8, layer.scales, layer.bias)
+    return _nbytes(layer.weight, layer.bias)
+
+
+def bytes_per_step(engine, batch: int) -> dict[str, int]:
+    """Weight bytes a decode step at `batch` reads, by part (the tied embedding once, as the LM head)."""
+    linears = engine_linears(engine)
+    fused = engine.runner.fused
+    if fused is None:
+        params = {id(p): p for p in engine.runner.model.parameters()}.values()
+        return {"all weights (Hugging Face modules)": _nbytes(*params)}
+    norms = [fused.final_norm] + [n for layer in fused.layers for n in (layer.input_norm, layer.post_norm)]
+    return {
+        "decoder linear layers": sum(linear_bytes(lin, batch) for lin in linears[:-1]),
+        "LM head": linear_bytes(linears[-1], batch),
+        "norms and embedding rows": _nbytes(*norms) + batch * fused.embed[0].numel() * fused.embed.element_size(),
+    }
+
+
+def describe_bytes(engine, batch: int) -> str:
+    layer = engine_linears(engine)[0]
+    if batch <= getattr(layer, "max_m", 0) and hasattr(layer, "int4"):
+        kind = "int4: 0.5 byte per weight + a scale and a zero per 32 weights"
+    elif batch <= getattr(layer, "max_m", 0) and hasattr(layer, "int8"):
+        kind = "int8: 1 byte per weight + a scale per row"
+    else:
+        kind = f"dense {layer.weight.dtype}".replace("torch.", "")
+    parts = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in bytes_per_step(engine, batch).items())
+    return f"batch {batch}: {parts} (decoder layers {kind})"
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+
+def _decode_setup(engine, batch: int, steps: int) -> None:
+    """Add `batch` greedy requests of steps + 1 tokens and run until each has its first token (prefill done)."""
+    from backend import SamplingParams
+
+    for i in range(batch):
+        params = SamplingParams.from_dict({**GREEDY, "max_tokens": steps + 1})
+        engine.add_request(engine.build_request(f"decode-{time.perf_counter_ns()}-{i}", PROMPTS[i % len(PROMPTS)],
+                                                params, stream=True))
+    started: set[str] = set()
+    while len(started) < batch:
+        started.update(out.request_id for out in engine.step() if any(s.token_ids for s in out.samples))
+
+
+def decode_rate(engine, batch: int, steps: int) -> tuple[float, float]:
+    """(median decode step seconds, decode tokens/s) with `batch` sequences decoding."""
+    _decode_setup(engine, batch, steps)
+    times = []
+    while engine.has_work():
+        t = time.perf_counter()
+        outs = engine.step()
+        elapsed = time.perf_counter() - t
+        if sum(len(s.token_ids) for o in outs for s in o.samples) == batch:  # a full decode step
+            times.append(elapsed)
+    if not times:
+        raise RuntimeError(f"no decode step ran all {batch} sequences")
+    step = statistics.median(times)
+    return step, batch / step
+
+
+def linear_layers_time(engine, batch: int, repeats: int = 5) -> float:
+    """Median seconds of one pass over the step's linear layers (the engine's own kernels, LM head included)
+    at `batch` rows, nothing else: the matmul floor of a decode step."""
+    layers = engine_linears(engine)
+    dtype = layers[0].weight.dtype
+    inputs = {w: torch.randn(batch, w, dtype=dtype) for w in {lin.weight.shape[1] for lin in layers}}
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            for lin in layers:
+                lin(inputs[lin.weight.shape[1]])
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+# ------------------------------------------------------------------------------------------------ profile
+
+
+_LABELS = {
+    "llm.step": "engine step: the rest (input tensors, Python)",
+    "llm.scheduler": "scheduler",
+    "llm.metadata": "attention metadata (slots, block tables, masks)",
+    "llm.attention": "attention (KV write, block gather, SDPA)",
+    "llm.sampling": "sampling",
+    "llm.append": "detokenize + stop checks",
+    "llm.collect": "outputs",
+}
+MATMUL = "matmuls (linear layers, lm_head)"
+FORWARD_PYTHON = "model forward: Python"
+FORWARD_OTHER = "model forward: other ops (norms, RoPE, activations, embedding)"
+_MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
+               "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm", "mkldnn::_linear_pointwise"}
+_ORDER = [MATMUL, _LABELS["llm.attention"], FORWARD_OTHER, FORWARD_PYTHON, _LABELS["llm.metadata"],
+          _LABELS["llm.sampling"], _LABELS["llm.append"], _LABELS["llm.scheduler"], _LABELS["llm.collect"],
+          _LABELS["llm.step"]]
+
+
+def _labelled_functions(engine) -> list[tuple[object, str, str]]:
+    """(owner, attribute, label) of the functions a decode step runs through, labelled for the profiler (those
+    this engine has: its output handling has lived on the engine and on an `outputs` object)."""
+    import backend.fused_llama as fused_llama
+    import backend.model_runner as model_runner
+    import backend.paged_attention as paged_attention
+
+    runner, outputs = engine.runner, getattr(engine, "outputs", None)
+    candidates = [
+        (engine, "step", "llm.step"), (engine.scheduler, "schedule", "llm.scheduler"),
+        (runner.fused if runner.fused is not None else runner.model, "forward", "llm.forward"),
+        (engine.sampler, "sample", "llm.sampling"), (outputs, "append", "llm.append"),
+        (engine, "_append_token", "llm.append"), (engine, "_collect", "llm.collect"),
+        (model_runner, "build_metadata", "llm.metadata"),
+        # the fused forward calls its module's name; the HF path's attention hook calls paged_attention's
+        (fused_llama, "paged_attention", "llm.attention"), (paged_attention, "paged_attention", "llm.attention"),
+    ]
+    return [(owner, name, label) for owner, name, label in candidates if hasattr(owner, name)]
+
+
+@contextlib.contextmanager
+def _record_functions(functions):
+    """Wrap each function in a profiler range named by its label, for the duration of the block only."""
+    from torch.profiler import record_function
+
+    def wrap(fn, label):
+        def wrapped(*args, **kwargs):
+            with record_function(label):
+                return fn(*args, **kwargs)
+        return wrapped
+
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in functions]
+    for (owner, name, fn), (_, _, label) in zip(originals, functions):
+        setattr(owner, name, wrap(fn, label))
+    try:
+        yield
+    finally:
+        for owner, name, fn in reversed(originals):
+            if isinstance(owner, types.ModuleType):
+                setattr(owner, name, fn)
+            else:
+                delattr(owner, name)  # back to the class's method
+
+
+def _category(event) -> str | None:
+    """The part of the step an op's self time belongs to: its nearest labelled ancestor, and inside the model
+    forward, whether it runs within a matmul op."""
+    node, in_matmul = event, False
+    while node is not None:
+        if node.name == "llm.forward":
+            return FORWARD_PYTHON if node is event else MATMUL if in_matmul else FORWARD_OTHER
+        if node.name in _LABELS:
+            return _LABELS[node.name]
+        in_matmul = in_matmul or node.name in _MATMUL_OPS
+        node = node.cpu_parent
+    return None
+
+
+def profile_decode(engine, batch: int, steps: int) -> dict:
+    """torch.profiler over `steps` decode steps at `batch`: ms per step in each part of the step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _decode_setup(engine, batch, steps + 1)
+    with _record_functions(_labelled_functions(engine)):
+        engine.step()  # one decode step unprofiled (warm)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                engine.step()
+        while engine.has_work():
+            engine.step()
+    totals: dict[str, float] = {}
+    step_us = 0.0
+    for event in prof.events():
+        if event.name == "llm.step":
+            step_us += event.cpu_time_total
+        category = _category(event)
+        if category is not None:
+            totals[category] = totals.get(category, 0.0) + event.self_cpu_time_total
+    ordered = [k for k in _ORDER if k in totals] + [k for k in totals if k not in _ORDER]
+    return {"step_ms": step_us / steps / 1e3, "categories": {k: totals[k] / steps / 1e3 for k in ordered}}
+
+
+def profile_table(profiles: dict[int, dict]) -> list[str]:
+    lines = ["| part of the step | " + " | ".join(f"batch {b}: ms / share" for b in profiles) + " |",
+             "|---|" + "---|" * len(profiles)]
+    for cat in dict.fromkeys(k for p in profiles.values() for k in p["categories"]):
+        shares = [(p["categories"].get(cat, 0.0), p["step_ms"]) for p in profiles.values()]
+        cells = [f"{ms:.2f} / {ms / step * 100:.0f} %" for ms, step in shares]
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    lines.append("| **step (profiled)** | " + " | ".join(f"{p['step_ms']:.2f} / 100 %" for p in profiles.values())
+                 + " |")
+    return lines
+
+
+def measure_profiles(bench: Bench) -> None:
+    """Profile decode steps of the served engine at batch 1 and the roofline batch; the report's bound table."""
+    engine = bench.engine()
+    for batch in (1, bench.s.roofline_batch):
+        log(f"4: profiling decode steps at batch {batch}")
+        bench.profiles[batch] = profile_decode(engine, batch, bench.s.profile_steps)
+    bench.bounds[DECODE_PROFILE] = [
+        f"Where a decode step of the served engine ({engine.config.dtype}, quantization "
+        f"{engine.config.quantization}, {engine.runner.impl} forward) goes (torch.profiler over "
+        f"{bench.s.profile_steps} steps; self time of the ops and of the Python between them, per step; the "
+        "profiler adds some overhead, so read the shares, not the absolute times):",
+        "",
+        *profile_table(bench.profiles),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ the section
+
+
+def run(bench: Bench) -> list[str]:
+    s = bench.s
+    ceil = bench.results["ceilings"]
+    engine = bench.engine()
+    dtype = engine.config.dtype
+    gflops_key = "matmul_bf16_gflops" if dtype == "bfloat16" else "matmul_fp32_gflops"
+    matmul_params = sum(lin.weight.numel() for lin in engine_linears(engine))
+    bw, flops = ceil["mem_read_gbs"] * 1e9, ceil[gflops_key] * 1e9
+    rows, data = [], {}
+    for batch in (1, s.roofline_batch):
+        log(f"4: decode rate at batch {batch}")
+        step_s, rate = decode_rate(engine, batch, s.decode_steps)
+        linear_s = linear_layers_time(engine, batch)
+        weight_bytes = sum(bytes_per_step(engine, batch).values())
+        memory = batch * bw / weight_bytes  # every step reads the weights once
+        compute = flops / (2 * matmul_params)
+        bound, ceiling = ("memory", memory) if memory < compute else ("compute", compute)
+        data[batch] = {"decode_tok_s": rate, "step_ms": step_s * 1e3, "bytes_per_step": weight_bytes,
+                       "bytes_by_part": bytes_per_step(engine, batch), "memory_ceiling_tok_s": memory,
+                       "compute_ceiling_tok_s": compute, "bound": bound, "fraction": rate / ceiling,
+                       "linear_only_ms": linear_s * 1e3, "linear_only_tok_s": batch / linear_s}
+        goal, share = ("P5", rate / memory) if batch == 1 else ("P6", rate / compute)
+        rows.append(f"| {batch} | {rate:.1f} | {step_s * 1e3:.1f} | {weight_bytes / 2**20:.1f} | {memory:.1f} | "
+                    f"{compute:.1f} | {bound} | {bench.target(goal, share, f'batch {batch}')} | {linear_s * 1e3:.1f} "
+                    f"ms = {batch / linear_s:.1f} tok/s ({linear_s / step_s * 100:.0f} % of the step) |")
+    measure_profiles(bench)
+    bench.results["sections"]["4"] = {"dtype": dtype, "quantization": engine.config.quantization,
+                                      "matmul_parameters": matmul_params, "decode": data, "profile": bench.profiles}
+    return [
+        f"The served engine: {dtype}, quantization {engine.config.quantization}, {engine.runner.impl} forward; "
+        f"{matmul_params / 1e6:.1f} M weights in its matmuls. Weight bytes read per decode step, from the "
+        f"engine's own layer objects: {describe_bytes(engine, 1)}; {describe_bytes(engine, s.roofline_batch)}. "
+        f"Ceilings measured above: memory read {ceil['mem_read_gbs']:.1f} GB/s, {dtype} matmul "
+        f"{ceil[gflops_key]:.1f} GFLOP/s. Memory ceiling = batch x bandwidth / bytes read per step; compute "
+        "ceiling = FLOP/s / (2 x matmul weights) per token. P5: batch 1 against the memory ceiling (target "
+        f"{GOALS['P5'].text}); P6: batch {s.roofline_batch} against the compute ceiling (target "
+        f"{GOALS['P6'].text}). Decode rate: the in-process engine, every sequence decoding (prompt already in), "
+        f"greedy, median step time over {s.decode_steps} steps. Linear layers alone: the engine's own linear "
+        "layer objects called on a [batch, in_features] input, layer after layer, nothing else (the matmul floor "
+        "of a step with these kernels).",
+        "",
+        "| batch | decode tok/s | step ms | weight MiB read per step | memory ceiling tok/s | compute ceiling "
+        "tok/s | binding | share of the P5 / P6 ceiling | linear layers alone |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        *bench.bounds[DECODE_PROFILE],
+        "",
+        _profile_summary(data, bench.profiles),
+        "",
+        bench.plot(_figure(data, bench.profiles, bw, flops, matmul_params), "roofline.png"),
+    ]
+
+
+def _profile_summary(data: dict, profiles: dict) -> str:
+    parts = []
+    for batch, d in data.items():
+        p = profiles[batch]
+        top = ", ".join(f"{k} {v / p['step_ms'] * 100:.0f} %"
+                        for k, v in sorted(p["categories"].items(), key=lambda kv: -kv[1])[:3])
+        matmul = p["categories"].get(MATMUL, 0.0) / p["step_ms"]
+        linear = d["linear_only_ms"] / d["step_ms"]
+        parts.append(
+            f"Batch {batch} reaches {d['fraction'] * 100:.0f} % of its {d['bound']} ceiling; the step is "
+            f"{matmul * 100:.0f} % matmuls, the largest parts being {top}. The linear layers alone, with nothing "
+            f"around them, take {linear * 100:.0f} % of the step's time: "
+            + ("most of the gap to the ceiling is the matmul kernels at these shapes, not the engine around them."
+               if linear >= 0.6 else "the engine around the matmuls (attention, Python) is a large part of the gap.")
+        )
+    return " ".join(parts)
+
+
+def _figure(data: dict, profiles: dict, bw: float, flops: float, matmul_params: int):
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    intensity = [0.1 * 2 ** (k / 4) for k in range(0, 45)]  # FLOP per byte, 0.1 to ~240
+    ax.loglog(intensity, [min(flops, bw * i) / 1e9 for i in intensity], color="k", label="roofline (measured)")
+    for batch, d in data.items():
+        label = f"batch {batch}: {d['decode_tok_s']:.0f} tok/s ({d['fraction'] * 100:.0f} %)"
+        ax.loglog([2 * matmul_params * batch / d["bytes_per_step"]], [d["decode_tok_s"] * 2 * matmul_params / 1e9],
+                  "o", markersize=8, label=label)
+    ax.set_xlabel("arithmetic intensity, FLOP / weight byte read")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title("Decode against the measured roofline")
+    ax.legend(fontsize=8)
+    bottom = [0.0] * len(profiles)
+    for cat in dict.fromkeys(k for p in profiles.values() for k in p["categories"]):
+        vals = [p["categories"].get(cat, 0.0) / p["step_ms"] * 100 for p in profiles.values()]
+        ax2.bar([f"batch {b}" for b in profiles], vals, bottom=bottom, label=cat)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax2.set_ylabel("% of the decode step")
+    ax2.set_title("Decode step breakdown (torch.profiler)")
+    ax2.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig

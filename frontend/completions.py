@@ -1,0 +1,105 @@
+"""Running one OpenAI generation against the model: every prompt's Triton request at once, answered whole or
+as server-sent events.
+
+A streamed answer's 200 and headers are sent only when the first token arrives, so a request the model
+refuses on arrival (a prompt too long, an n above its limit, a full queue) still gets its error status. An
+error after that ends the stream with an error event. When the client goes away, the handler is cancelled,
+which cancels every Triton request of the generation (frontend/triton_stream.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from .errors import APIError, bad_request, internal_error, server_busy, unavailable
+from .openai_protocol import Generation
+from .openai_responses import Choice, ResponseFormat, Usage
+from .triton_stream import EngineError, SampleDelta, TritonLLM
+
+_END = object()
+
+
+async def merged_deltas(llm: TritonLLM, generation: Generation) -> AsyncIterator[tuple[int, SampleDelta]]:
+    """(prompt index, delta) of every prompt's request, as they come; all are cancelled if one fails."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(prompt_index: int, prompt: str) -> None:
+        try:
+            async for delta in llm.generate(generation.model, prompt, generation.sampling, generation.n):
+                queue.put_nowait((prompt_index, delta))
+            queue.put_nowait(_END)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(generation.prompts)]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is _END:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def api_error(exc: EngineError) -> APIError:
+    if exc.kind == "busy":
+        return server_busy(exc.message)
+    if exc.kind == "unavailable":
+        return unavailable(exc.message)
+    if exc.kind == "internal":
+        return internal_error(exc.message)
+    return bad_request(exc.message)
+
+
+async def answer_whole(llm: TritonLLM, generation: Generation, fmt: ResponseFormat) -> web.Response:
+    choices = {i: Choice() for i in range(generation.num_choices)}
+    usage = Usage()
+    try:
+        async for prompt_index, delta in merged_deltas(llm, generation):
+            index = prompt_index * generation.n + delta.index
+            choices[index].add(delta)
+            usage.add(prompt_index, index, delta)
+    except EngineError as exc:
+        raise api_error(exc) from None
+    return web.json_response(fmt.whole(choices, usage))
+
+
+async def answer_stream(request: web.Request, llm: TritonLLM, generation: Generation,
+                        fmt: ResponseFormat) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    usage = Usage()
+
+    async def send(body: dict) -> None:
+        await response.write(f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode())
+
+    try:
+        async for prompt_index, delta in merged_deltas(llm, generation):
+            if not response.prepared:
+                await response.prepare(request)
+                if fmt.opening_choices():
+                    await send(fmt.chunk(fmt.opening_choices()))
+            index = prompt_index * generation.n + delta.index
+            usage.add(prompt_index, index, delta)
+            await send(fmt.chunk([fmt.delta_choice(index, delta)]))
+    except EngineError as exc:
+        if not response.prepared:
+            raise api_error(exc) from None
+        await response.write(api_error(exc).sse())
+    if generation.include_usage:
+        await send(fmt.usage_chunk(usage))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response

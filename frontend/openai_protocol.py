@@ -1,0 +1,218 @@
+"""OpenAI request bodies checked and mapped onto the model's inputs (docs/frontend.md has the table).
+
+A chat or completion body becomes a `Generation`: the prompt text(s) to send as `text_input` (one Triton
+request per prompt; chat messages go through the model's chat template) and the JSON for the model's
+`sampling_parameters`. Every field is type-checked here, and the sampling values are validated with the
+engine's own rules (backend/sampling_params.py) before anything is sent, so a bad value is a 400 naming the
+OpenAI parameter. A field this server does not act on is a 400, never silently ignored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from backend.sampling_params import InvalidRequest, SamplingParams
+
+from .errors import bad_request, model_not_found, unsupported
+
+# OpenAI (and vLLM-extra) parameters passed through to sampling_parameters under the same name.
+PASSTHROUGH = (
+    "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+)
+COMMON = frozenset(PASSTHROUGH + ("model", "max_tokens", "stream", "stream_options", "logit_bias", "user",
+                                  "return_tokens_as_token_ids"))
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
+COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "suffix", "best_of"}
+# OpenAI parameters this server knows of and cannot honour: a 400 that says so (not "unknown").
+UNSUPPORTED = frozenset({
+    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio", "modalities",
+    "prediction", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier",
+})
+ROLES = ("system", "developer", "user", "assistant")
+
+_INT = (int,)
+_NUMBER = (int, float)
+# JSON types of each field (bool is checked apart: JSON true is not a number here).
+TYPES: dict[str, tuple] = {
+    "max_tokens": _INT, "max_completion_tokens": _INT, "n": _INT, "seed": _INT, "top_k": _INT,
+    "min_tokens": _INT, "top_logprobs": _INT, "best_of": _INT,
+    "temperature": _NUMBER, "top_p": _NUMBER, "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER,
+    "min_p": _NUMBER, "repetition_penalty": _NUMBER,
+    "stream": (bool,), "echo": (bool,), "ignore_eos": (bool,), "return_tokens_as_token_ids": (bool,),
+    "model": (str,), "user": (str,), "stop": (str, list), "stop_token_ids": (list,), "logit_bias": (dict,),
+    "stream_options": (dict,), "messages": (list,), "prompt": (str, list), "response_format": (dict,),
+}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", str: "a string", list: "an array",
+               dict: "an object"}
+
+
+@dataclass
+class Generation:
+    """One OpenAI request in the model's terms."""
+
+    model: str
+    prompts: list[str]  # each is one Triton request; choice index = prompt index * n + sample index
+    sampling: dict[str, Any]  # the model's sampling_parameters
+    n: int
+    stream: bool
+    include_usage: bool  # streaming: a last chunk with usage (stream_options.include_usage)
+    echo: bool  # completions: the prompt comes before the completion text
+    logprobs: int | None  # None: none; k: each token's logprob and its top k alternatives
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+
+def parse_chat(body: Any, served: list[str], default_max_tokens: int,
+               render_chat: Callable[[list[dict]], str]) -> Generation:
+    """A /v1/chat/completions body; `render_chat` applies the model's chat template."""
+    body = _fields(body, CHAT_FIELDS)
+    model = _model(body, served)
+    if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
+        raise bad_request("give max_completion_tokens or max_tokens, not both with different values",
+                          "max_completion_tokens")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
+    format_type = (body.get("response_format") or {}).get("type", "text")
+    if format_type != "text":
+        raise unsupported("response_format", f" (only type 'text', got {format_type!r})")
+    logprobs = None
+    if body.get("logprobs"):
+        logprobs = body.get("top_logprobs", 0)
+    elif "top_logprobs" in body:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    if "logprobs" in body and not isinstance(body["logprobs"], bool):
+        raise bad_request(f"logprobs must be a boolean, got {body['logprobs']!r}", "logprobs")
+    prompt = render_chat(_messages(body.get("messages")))
+    names = {"max_tokens": "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+             "logprobs": "top_logprobs"}
+    return _generation(body, model, [prompt], max_tokens, logprobs, False, names)
+
+
+def parse_completion(body: Any, served: list[str], default_max_tokens: int) -> Generation:
+    """A /v1/completions body (`prompt`: a string or a list of strings)."""
+    body = _fields(body, COMPLETION_FIELDS)
+    model = _model(body, served)
+    if body.get("suffix"):
+        raise unsupported("suffix")
+    prompts = _prompts(body.get("prompt"))
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
+        raise bad_request(f"logprobs must be an integer (the number of alternatives, 0-20), got {logprobs!r}",
+                          "logprobs")
+    if logprobs is not None and body.get("echo"):
+        raise unsupported("echo", " together with logprobs (the engine returns no prompt logprobs)")
+    n = body.get("n", 1)
+    if body.get("best_of", n) != n:
+        raise unsupported("best_of", " (other than equal to n)")
+    return _generation(body, model, prompts, body.get("max_tokens", default_max_tokens), logprobs,
+                       body.get("echo", False), {})
+
+
+def _fields(body: Any, allowed: frozenset) -> dict:
+    """The body's fields without nulls (null means the default), each known and of its JSON type."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}
+    for key in sorted(body):
+        if key in UNSUPPORTED:
+            raise unsupported(key)
+        if key not in allowed:
+            raise bad_request(f"unrecognized request argument '{key}'; supported: {sorted(allowed)}", key,
+                              "unknown_parameter")
+        types = TYPES.get(key)
+        value = body[key]
+        if types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            raise bad_request(f"{key} must be {' or '.join(_TYPE_NAMES[t] for t in types)}, got {value!r}", key)
+    return body
+
+
+def _model(body: dict, served: list[str]) -> str:
+    model = body.get("model")
+    if model is None:
+        raise bad_request("model is required", "model")
+    if model not in served:
+        raise model_not_found(model, served)
+    return model
+
+
+def _messages(messages: Any) -> list[dict]:
+    if not messages:
+        raise bad_request("messages must be a non-empty array", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{param} must be an object with role and content", param)
+        extra = set(message) - {"role", "content", "name"}
+        if extra:
+            raise unsupported(f"{param}.{sorted(extra)[0]}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{param}.role must be one of {list(ROLES)}, got {role!r}", f"{param}.role")
+        out.append({**message, "role": "system" if role == "developer" else role,
+                    "content": _content(message.get("content"), f"{param}.content")})
+    return out
+
+
+def _content(content: Any, param: str) -> str:
+    """Text content: a string, or an array of text parts (joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"{param}: only text parts ({{'type': 'text', 'text': ...}}) are supported, "
+                                  f"got {part!r}", param)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"{param} must be a string or an array of text parts, got {content!r}", param)
+
+
+def _prompts(prompt: Any) -> list[str]:
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not prompts:
+        raise bad_request("prompt is required: a string or a non-empty array of strings", "prompt")
+    if not all(isinstance(p, str) for p in prompts):
+        raise bad_request("prompt must be a string or an array of strings (token-id prompts are not supported)",
+                          "prompt")
+    if not all(prompts):
+        raise bad_request("prompt must not be empty", "prompt")
+    return list(prompts)
+
+
+def _generation(body: dict, model: str, prompts: list[str], max_tokens: Any, logprobs: int | None,
+                echo: bool, names: dict[str, str]) -> Generation:
+    if body.get("logit_bias"):
+        raise unsupported("logit_bias", " (the engine has no logit bias)")
+    stream = body.get("stream", False)
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise bad_request("stream_options is only allowed with stream: true", "stream_options")
+        extra = set(options) - {"include_usage"}
+        if extra:
+            raise unsupported(f"stream_options.{sorted(extra)[0]}")
+        if not isinstance(options.get("include_usage", False), bool):
+            raise bad_request("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    sampling = {key: body[key] for key in PASSTHROUGH if key in body}
+    sampling["max_tokens"] = max_tokens
+    if logprobs is not None:
+        sampling["logprobs"] = logprobs
+    _validate(sampling, names)
+    return Generation(model, prompts, sampling, sampling.get("n", 1), stream,
+                      bool((options or {}).get("include_usage")), echo, logprobs,
+                      body.get("return_tokens_as_token_ids", False))
+
+
+def _validate(sampling: dict, names: dict[str, str]) -> None:
+    """The engine's own checks (its per-model limits, such as the largest n, are checked when it is sent);
+    `names`: the OpenAI parameter behind an engine key where they differ."""
+    try:
+        SamplingParams.from_dict(sampling, max_n=1 << 16)
+    except InvalidRequest as exc:
+        field = str(exc).split(" ", 1)[0]
+        raise bad_request(str(exc), names.get(field, field if field in sampling else None)) from None

@@ -1,0 +1,130 @@
+"""The front door's client of the Triton model: one gRPC bi-directional stream per generation.
+
+Every generation is sent with `stream: true`, so the model answers once per engine step with each sample's
+new text, token ids and (when asked) logprobs; a non-streaming OpenAI request is the same deltas gathered.
+The Triton request is known to be complete when every one of its `n` samples has sent a finish reason (or an
+error arrives). Leaving the iteration early (the HTTP client went away, the handler was cancelled) cancels
+the gRPC call, which cancels the Triton request: the engine drops it at its next step and frees its KV blocks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+# How the model's refusals start (backend/engine_loop.py's ServerBusy, backend/engine.py's failed step); every
+# other error the model sends is its validation of the request (InvalidRequest, a message naming the field).
+BUSY_PREFIXES = ("server busy", "the server is shutting down")
+INTERNAL_PREFIXES = ("internal error",)
+
+
+@dataclass
+class SampleDelta:
+    """What one sample produced in one engine step."""
+
+    index: int  # the sample's index among the request's n
+    text: str
+    token_ids: list[int]
+    num_input_tokens: int
+    num_output_tokens: int  # so far, this sample
+    finish_reason: str | None  # "stop", "length" or "abort" on the sample's last delta
+    logprobs: list[dict] | None  # per token: {"token_id", "logprob", "top_logprobs": {id: logprob}}
+
+
+class EngineError(Exception):
+    """The model refused or failed the request; `kind` is "busy", "unavailable", "internal" or "invalid"."""
+
+    def __init__(self, message: str, kind: str | None = None):
+        super().__init__(message)
+        self.message = message
+        lowered = message.lower()
+        self.kind = kind or ("busy" if lowered.startswith(BUSY_PREFIXES)
+                             else "internal" if lowered.startswith(INTERNAL_PREFIXES) else "invalid")
+
+
+class TritonLLM:
+    """A gRPC client of the Triton server, shared by every request of the front door."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.client = grpcclient.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def is_model_ready(self, model: str) -> bool:
+        try:
+            return await self.client.is_model_ready(model)
+        except InferenceServerException:
+            return False
+
+    async def generate(self, model: str, prompt: str, sampling: dict, n: int) -> AsyncIterator[SampleDelta]:
+        """Stream the deltas of one generation of `prompt` with `sampling` (the model's sampling_parameters)."""
+        request = {"model_name": model, "inputs": _inputs(prompt, sampling)}
+
+        async def requests():
+            yield request
+
+        call = self.client.stream_infer(requests())
+        unfinished = set(range(n))
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise EngineError(error.message())
+                for delta in _deltas(result):
+                    if delta.finish_reason is not None:
+                        unfinished.discard(delta.index)
+                    yield delta
+                if not unfinished:
+                    return
+            raise EngineError("internal error: the model's stream ended before every sample finished")
+        except grpc.aio.AioRpcError as exc:
+            kind = "unavailable" if exc.code() == grpc.StatusCode.UNAVAILABLE else "internal"
+            raise EngineError(f"the Triton server at {self.url} failed the request: {exc.details()}", kind) from None
+        finally:
+            if unfinished:  # left early: cancel the Triton request so its KV blocks are freed
+                call.cancel()
+
+
+def _inputs(prompt: str, sampling: dict) -> list:
+    tensors = []
+    for name, value, dtype in (
+        ("text_input", prompt.encode(), object),
+        ("stream", True, bool),
+        ("exclude_input_in_output", True, bool),
+        ("sampling_parameters", json.dumps(sampling).encode(), object),
+    ):
+        tensor = grpcclient.InferInput(name, [1], "BYTES" if dtype is object else "BOOL")
+        tensor.set_data_from_numpy(np.array([value], dtype=dtype))
+        tensors.append(tensor)
+    return tensors
+
+
+def _deltas(result) -> list[SampleDelta]:
+    """The samples of one model response (streaming: one sample per response; see model.py)."""
+    texts = result.as_numpy("text_output").reshape(-1)
+    ids = result.as_numpy("output_ids")
+    ids = ids.reshape(len(texts), -1)
+    indices = result.as_numpy("sample_index").reshape(-1)
+    num_output = result.as_numpy("num_output_tokens").reshape(-1)
+    num_input = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
+    reasons = result.as_numpy("finish_reason")
+    logprobs = result.as_numpy("logprobs")
+    out = []
+    for i, text in enumerate(texts):
+        reason = reasons.reshape(-1)[i].decode() if reasons is not None else ""
+        out.append(SampleDelta(
+            index=int(indices[i]),
+            text=text.decode("utf-8"),
+            token_ids=[int(t) for t in ids[i] if t >= 0],
+            num_input_tokens=num_input,
+            num_output_tokens=int(num_output[i]),
+            finish_reason=reason or None,
+            logprobs=json.loads(logprobs.reshape(-1)[i]) if logprobs is not None else None,
+        ))
+    return out

@@ -1,0 +1,341 @@
+"""Soak test (not in CI): N minutes at saturation against a server of its own, with a mix of users of which
+a share cancel or drop their connection mid-stream; reports failures (anything but the intended
+cancellations), the server's RSS over time (tritonserver and its Python stubs), TTFT p50/p99 per minute, and
+whether `llm_kv_cache_blocks_used` is back to 0 at the end. Writes a Markdown report, the raw samples (JSON)
+and a plot (PNG) under loadtest/results/.
+
+    .venv/bin/python loadtest/soak.py --minutes 10 --users 16
+    .venv/bin/python loadtest/soak.py --mix GrpcStreamUser:3,HttpStreamUser:2,CancellingGrpcUser:1
+
+The user mix is pluggable: `--mix NAME:WEIGHT,...` picks from USER_CLASSES (the load test's users and the
+cancelling ones below); `--user-module pkg.module` adds the Locust User classes a module exports (e.g. an
+OpenAI-API user) to the names `--mix` can use.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gevent
+from gevent import monkey
+
+monkey.patch_all()
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+for _path in (REPO_ROOT, REPO_ROOT / "scripts"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import psutil  # noqa: E402
+from locust import User  # noqa: E402
+from locust.env import Environment  # noqa: E402
+
+import serve  # noqa: E402
+from client.api import Completion, GrpcStream, stream_http  # noqa: E402
+from loadtest import locustfile  # noqa: E402
+from loadtest.locustfile import GrpcStreamUser, HttpGenerateUser, HttpStreamUser, _http_url  # noqa: E402
+
+RESULTS_DIR = REPO_ROOT / "loadtest" / "results"
+CANCEL_TYPES = ("grpc_cancel", "http_drop")
+SAMPLE_INTERVAL_S = 5.0
+WARMUP_S = 60.0
+KV_METRIC = "llm_kv_cache_blocks_used"
+
+
+class CancellingGrpcUser(GrpcStreamUser):
+    """Streams over gRPC, then cancels after a few responses (stop_stream(cancel_requests=True))."""
+
+    request_type = "grpc_cancel"
+    responses_before_cancel = 3
+
+    def call(self, prompt, params):
+        stream = GrpcStream(prompt, self.grpc_url, self.options.model, stream=True,
+                            timeout_s=self.options.request_timeout, **params)
+        for i, _chunk in enumerate(stream):
+            if i + 1 >= self.responses_before_cancel:
+                stream.cancel()
+                break
+        return Completion.from_chunks(stream.chunks, stream.started_at)
+
+    def check(self, completion, max_tokens):
+        pass
+
+
+class DroppingHttpStreamUser(HttpStreamUser):
+    """Streams over HTTP (server-sent events), then drops the connection after a few events."""
+
+    request_type = "http_drop"
+    responses_before_drop = 3
+
+    def call(self, prompt, params):
+        chunks, started = [], time.perf_counter()
+        events = stream_http(prompt, _http_url(self.host), self.options.model,
+                             timeout_s=self.options.request_timeout, **params)
+        for chunk in events:
+            chunks.append(chunk)
+            if len(chunks) >= self.responses_before_drop:
+                break
+        events.close()  # closes the socket mid-stream
+        return Completion.from_chunks(chunks, started)
+
+    def check(self, completion, max_tokens):
+        pass
+
+
+USER_CLASSES: dict[str, type] = {
+    cls.__name__: cls for cls in (GrpcStreamUser, HttpStreamUser, HttpGenerateUser, CancellingGrpcUser,
+                                  DroppingHttpStreamUser)
+}
+DEFAULT_MIX = "GrpcStreamUser:3,HttpStreamUser:3,HttpGenerateUser:2,CancellingGrpcUser:1,DroppingHttpStreamUser:1"
+
+
+def user_mix(spec: str, modules: list[str]) -> list[type]:
+    """`Name:weight,...` -> User subclasses with those weights (from USER_CLASSES and `modules`)."""
+    known = dict(USER_CLASSES)
+    for name in modules:
+        for attr, obj in vars(importlib.import_module(name)).items():
+            if inspect.isclass(obj) and issubclass(obj, User) and not getattr(obj, "abstract", False):
+                known[attr] = obj
+    classes = []
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, weight = item.partition(":")
+        if name not in known:
+            raise SystemExit(f"unknown user class {name!r}; known: {sorted(known)}")
+        classes.append(type(name, (known[name],), {"weight": int(weight or 1), "__module__": __name__}))
+    return classes
+
+
+# ---------------------------------------------------------------------------------------------- recording
+
+
+@dataclass
+class Recorder:
+    """Every request event, and the server samples taken every SAMPLE_INTERVAL_S."""
+
+    started: float = field(default_factory=time.monotonic)
+    requests: list[dict] = field(default_factory=list)  # t, type, name, ms, failed, error
+    samples: list[dict] = field(default_factory=list)  # t, rss_mb, kv_blocks_used, running, waiting
+
+    def on_request(self, request_type, name, response_time, response_length, exception=None, **_kw):
+        self.requests.append({"t": time.monotonic() - self.started, "type": request_type, "name": name,
+                              "ms": response_time, "tokens": response_length,
+                              "error": None if exception is None else str(exception)[:300]})
+
+    def sample(self, proc: psutil.Process, metrics_url: str, model: str) -> None:
+        values = scrape(metrics_url, model)
+        self.samples.append({"t": time.monotonic() - self.started, "rss_mb": rss_mb(proc), **values})
+
+
+def rss_mb(proc: psutil.Process) -> float:
+    """Resident memory of the server and its children (the Python stubs), MiB."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+def scrape(metrics_url: str, model: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for key, metric in (("kv_blocks_used", KV_METRIC), ("running", "llm_requests_running"),
+                        ("waiting", "llm_requests_waiting")):
+        prefix = f'{metric}{{model="{model}",version="1"}} '
+        out[key] = next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), -1.0)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+
+
+def analyse(rec: Recorder, duration_s: float, settled: dict) -> dict:
+    e2e = [r for r in rec.requests if r["type"] not in ("TTFT", "ITL", locustfile.THROUGHPUT_TYPE)]
+    failures = [r for r in e2e if r["error"] is not None]
+    cancels = [r for r in e2e if r["type"] in CANCEL_TYPES and r["error"] is None]
+    by_type: dict[str, int] = {}
+    for r in e2e:
+        by_type[r["type"]] = by_type.get(r["type"], 0) + 1
+    minutes = []
+    for m in range(int(duration_s // 60 + (duration_s % 60 > 1))):
+        ttft = [r["ms"] for r in rec.requests if r["type"] == "TTFT" and m * 60 <= r["t"] < (m + 1) * 60]
+        done = [r for r in e2e if m * 60 <= r["t"] < (m + 1) * 60]
+        rss = [s["rss_mb"] for s in rec.samples if m * 60 <= s["t"] < (m + 1) * 60]
+        minutes.append({"minute": m + 1, "requests": len(done), "ttft_p50_ms": percentile(ttft, 50),
+                        "ttft_p99_ms": percentile(ttft, 99), "rss_mb_max": max(rss, default=float("nan"))})
+    warm = [s for s in rec.samples if s["t"] >= WARMUP_S]
+    growth = (warm[-1]["rss_mb"] - warm[0]["rss_mb"]) / warm[0]["rss_mb"] * 100 if len(warm) > 1 else float("nan")
+    return {
+        "duration_s": round(duration_s, 1), "requests": len(e2e), "by_type": by_type,
+        "intended_cancellations": len(cancels), "failures": len(failures),
+        "failure_examples": sorted({r["error"] for r in failures})[:10],
+        "rss_mb_start": rec.samples[0]["rss_mb"] if rec.samples else None,
+        "rss_mb_after_warmup": warm[0]["rss_mb"] if warm else None,
+        "rss_mb_end": rec.samples[-1]["rss_mb"] if rec.samples else None,
+        "rss_growth_after_warmup_pct": round(growth, 2), "minutes": minutes, "settled": settled,
+    }
+
+
+def plot(rec: Recorder, summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    t = [s["t"] / 60 for s in rec.samples]
+    ax1.plot(t, [s["rss_mb"] for s in rec.samples], label="server RSS (MiB, tritonserver + stubs)")
+    ax1.axvline(WARMUP_S / 60, color="grey", linestyle=":", label="end of warm-up")
+    ax1.set_ylabel("MiB")
+    kv = ax1.twinx()
+    kv.plot(t, [s["kv_blocks_used"] for s in rec.samples], color="tab:orange", alpha=0.5, label=KV_METRIC)
+    kv.set_ylabel("KV blocks used")
+    ax1.legend(loc="upper left")
+    kv.legend(loc="lower right")
+    mids = [m["minute"] - 0.5 for m in summary["minutes"]]
+    ax2.plot(mids, [m["ttft_p50_ms"] for m in summary["minutes"]], marker="o", label="TTFT p50")
+    ax2.plot(mids, [m["ttft_p99_ms"] for m in summary["minutes"]], marker="o", label="TTFT p99")
+    ax2.set_ylabel("ms")
+    ax2.set_xlabel("minutes")
+    ax2.legend()
+    fig.suptitle(f"soak: {summary['requests']} requests, {summary['failures']} unintended failures, "
+                 f"RSS growth after warm-up {summary['rss_growth_after_warmup_pct']:.2f} %")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _shown_path(path: str) -> str:
+    """A path relative to the repository when it is inside it (reports are committed)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else resolved.name
+
+
+def _mb(value) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def report_text(summary: dict, args, classes, png: Path) -> str:
+    s = summary
+    lines = [
+        f"# Soak: {args.minutes:g} minutes, {args.users} users",
+        "",
+        f"Mix: `{args.mix}`; model `{args.model}` from `{_shown_path(args.model_repository)}`; max_tokens uniform in "
+        f"[{args.max_tokens_min}, {args.max_tokens_max}] with ignore_eos; cancelling users stop after 3 responses.",
+        "",
+        "| | result |", "|---|---|",
+        f"| duration | {s['duration_s']:.0f} s |",
+        f"| requests (finished or cancelled) | {s['requests']} ({', '.join(f'{k} {v}' for k, v in sorted(s['by_type'].items()))}) |",
+        f"| intended cancellations | {s['intended_cancellations']} |",
+        f"| unintended failures | {s['failures']} |",
+        f"| server RSS start / after warm-up ({WARMUP_S:.0f} s) / end | {_mb(s['rss_mb_start'])} / "
+        f"{_mb(s['rss_mb_after_warmup'])} / {_mb(s['rss_mb_end'])} MiB |",
+        f"| RSS growth after warm-up | {s['rss_growth_after_warmup_pct']:.2f} % |",
+        f"| `{KV_METRIC}` at the end | {s['settled']['kv_blocks_used']:.0f} (running {s['settled']['running']:.0f}, "
+        f"waiting {s['settled']['waiting']:.0f}; {s['settled']['after_s']:.1f} s after the users stopped) |",
+        "",
+        "| minute | requests | TTFT p50 (ms) | TTFT p99 (ms) | RSS max (MiB) |", "|---|---|---|---|---|",
+    ]
+    for m in s["minutes"]:
+        lines.append(f"| {m['minute']} | {m['requests']} | {m['ttft_p50_ms']:.0f} | {m['ttft_p99_ms']:.0f} | "
+                     f"{m['rss_mb_max']:.0f} |")
+    if s["failure_examples"]:
+        lines += ["", "Failures (distinct messages):", ""] + [f"- `{e}`" for e in s["failure_examples"]]
+    lines += ["", f"![RSS, KV blocks and TTFT over time]({png.name})", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--users", type=int, default=16, help="concurrent users (default 16: past the CPU's saturation)")
+    ap.add_argument("--spawn-rate", type=float, default=4.0)
+    ap.add_argument("--mix", default=DEFAULT_MIX, help="user classes and weights, Name:weight,...")
+    ap.add_argument("--user-module", action="append", default=[], help="a module whose Locust users --mix may name")
+    ap.add_argument("--model-repository", default=str(serve.DEFAULT_MODEL_REPOSITORY))
+    ap.add_argument("--model", default="llm")
+    ap.add_argument("--max-tokens-min", type=int, default=16)
+    ap.add_argument("--max-tokens-max", type=int, default=128)
+    ap.add_argument("--out", default=str(RESULTS_DIR), help="directory for the report, samples and plot")
+    ap.add_argument("--name", default="", help="file name stem (default soak-<UTC time>)")
+    args = ap.parse_args(argv)
+
+    classes = user_mix(args.mix, args.user_module)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or time.strftime("soak-%Y%m%dT%H%MZ", time.gmtime())
+    with serve.running_server(args.model_repository, out / f"{stem}.server.log") as srv:
+        return run(args, classes, srv, out, stem)
+
+
+def run(args, classes, srv, out: Path, stem: str) -> int:
+    options = argparse.Namespace(
+        grpc_url=srv.grpc_url, model=args.model, prompts_file="", input_words="", max_tokens_dist="uniform",
+        max_tokens_min=args.max_tokens_min, max_tokens_max=args.max_tokens_max, ignore_file_max_tokens=False,
+        ignore_eos="true", temperature=0.0, wait_time=0.0, request_timeout=600.0, failure_backoff=0.1,
+        throughput_interval=0.0, workload_seed=1,
+    )
+    env = Environment(user_classes=classes, host=f"http://{srv.http_url}", parsed_options=options,
+                      events=locustfile.events)
+    rec = Recorder()
+    env.events.request.add_listener(rec.on_request)
+    server = psutil.Process(srv.proc.pid)
+    runner = env.create_local_runner()
+    env.events.test_start.fire(environment=env)
+
+    def sampler():
+        while True:
+            try:
+                rec.sample(server, srv.metrics_url, args.model)
+            except OSError as exc:
+                print(f"sample failed: {exc}", file=sys.stderr)
+            gevent.sleep(SAMPLE_INTERVAL_S)
+
+    sampling = gevent.spawn(sampler)
+    runner.start(args.users, spawn_rate=args.spawn_rate)
+    duration = args.minutes * 60
+    while time.monotonic() - rec.started < duration:
+        gevent.sleep(5)
+        minute = (time.monotonic() - rec.started) / 60
+        print(f"[soak] {minute:5.1f} min: {len(rec.requests)} events, RSS "
+              f"{rec.samples[-1]['rss_mb'] if rec.samples else 0:.0f} MiB", flush=True)
+    runner.stop()  # users are killed mid-request: those requests are dropped connections too
+    elapsed = time.monotonic() - rec.started
+    stopped = time.monotonic()
+    settled = scrape(srv.metrics_url, args.model)
+    while (settled["kv_blocks_used"], settled["running"], settled["waiting"]) != (0, 0, 0) \
+            and time.monotonic() - stopped < 60:
+        gevent.sleep(0.5)
+        settled = scrape(srv.metrics_url, args.model)
+    settled["after_s"] = round(time.monotonic() - stopped, 1)
+    sampling.kill()
+    rec.sample(server, srv.metrics_url, args.model)
+    summary = analyse(rec, elapsed, settled)
+    png = out / f"{stem}.png"
+    plot(rec, summary, png)
+    (out / f"{stem}.json").write_text(json.dumps({"summary": summary, "samples": rec.samples}, indent=1))
+    (out / f"{stem}.md").write_text(report_text(summary, args, classes, png))
+    print(report_text(summary, args, classes, png))
+    ok = summary["failures"] == 0 and settled["kv_blocks_used"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

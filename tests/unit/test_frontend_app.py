@@ -1,0 +1,191 @@
+"""frontend/app.py over a real aiohttp server, with a stand-in for the Triton client (the real stack is in
+tests/integration/test_openai_api.py): the body limit (413, nothing forwarded), server-sent events ending in
+[DONE], errors before the first token keeping their status, and a client that leaves cancelling its request."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from frontend import app as app_module
+from frontend.app import Settings, create_app
+from frontend.triton_stream import EngineError, SampleDelta
+
+
+class Tokenizer:
+    def render_chat(self, messages):
+        return "|".join(m["content"] for m in messages)
+
+    def token_text(self, token_id):
+        return str(token_id)
+
+
+class FakeLLM:
+    """Answers each prompt with `tokens` one-token deltas per sample; records prompts and cancellations."""
+
+    instances: list["FakeLLM"] = []
+    tokens = 3
+    fail: str | None = None  # an engine error to raise before the first delta
+    delay_s = 0.0
+
+    def __init__(self, url):
+        self.prompts: list[tuple[str, dict]] = []
+        self.cancelled = 0
+        FakeLLM.instances.append(self)
+
+    async def close(self):
+        pass
+
+    async def is_model_ready(self, model):
+        return model == "llm"
+
+    async def generate(self, model, prompt, sampling, n):
+        self.prompts.append((prompt, sampling))
+        if self.fail:
+            raise EngineError(self.fail)
+        try:
+            for step in range(self.tokens):
+                await asyncio.sleep(self.delay_s)
+                for i in range(n):
+                    last = step == self.tokens - 1
+                    yield SampleDelta(i, f"t{step}", [step], 4, step + 1, "length" if last else None, None)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+@pytest.fixture
+def front_door(monkeypatch):
+    FakeLLM.instances.clear()
+    FakeLLM.tokens, FakeLLM.fail, FakeLLM.delay_s = 3, None, 0.0
+    monkeypatch.setattr(app_module, "TritonLLM", FakeLLM)
+
+    async def start():
+        settings = Settings("unused:1", ["llm"], "unused", max_body_bytes=1000, triton_metrics_url="")
+        server = TestServer(create_app(settings, Tokenizer()), handler_cancellation=True)
+        await server.start_server()
+        return server
+
+    return start
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _post(session, server, path, body=None, data=None):
+    async with session.post(server.make_url(path), json=body, data=data) as resp:
+        return resp.status, await resp.text()
+
+
+def test_whole_and_streamed_answers(front_door):
+    async def main():
+        server = await front_door()
+        async with aiohttp.ClientSession() as session:
+            status, text = await _post(session, server, "/v1/chat/completions",
+                                       {"model": "llm", "messages": [{"role": "user", "content": "hi"}], "n": 2})
+            body = json.loads(text)
+            assert status == 200 and [c["message"]["content"] for c in body["choices"]] == ["t0t1t2"] * 2
+            assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+            assert FakeLLM.instances[0].prompts[0] == ("hi", {"n": 2, "max_tokens": 256})
+
+            status, text = await _post(session, server, "/v1/completions",
+                                       {"model": "llm", "prompt": "p", "stream": True,
+                                        "stream_options": {"include_usage": True}})
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            assert status == 200 and events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "t0t1t2"
+            assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+        await server.close()
+
+    run(main())
+
+
+def test_body_over_the_limit_is_413_and_not_forwarded(front_door):
+    async def main():
+        server = await front_door()
+        async with aiohttp.ClientSession() as session:
+            big = json.dumps({"model": "llm", "prompt": "x" * 5000}).encode()
+            status, text = await _post(session, server, "/v1/completions", data=big)
+            assert status == 413 and json.loads(text)["error"]["code"] == "request_too_large"
+
+            async def chunked():  # no Content-Length: the limit applies while reading
+                for _ in range(10):
+                    yield b" " * 200
+
+            status, text = await _post(session, server, "/v1/completions", data=chunked())
+            assert status == 413
+            assert FakeLLM.instances[0].prompts == []
+            status, _ = await _post(session, server, "/v1/completions", {"model": "llm", "prompt": "ok"})
+            assert status == 200
+        await server.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("message, status, type_", [
+    ("server busy: 4 requests are already waiting (max_queue_size=4); retry later", 503, "server_busy"),
+    ("internal error while generating: boom", 500, "internal_server_error"),
+    ("n must be between 1 and 8, got 9", 400, "invalid_request_error"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_refusals_keep_their_status_when_streaming(front_door, message, status, type_, stream):
+    async def main():
+        server = await front_door()
+        FakeLLM.fail = message
+        async with aiohttp.ClientSession() as session:
+            got, text = await _post(session, server, "/v1/completions", {"model": "llm", "prompt": "p",
+                                                                        "stream": stream})
+            error = json.loads(text)["error"]
+            assert (got, error["message"], error["type"]) == (status, message, type_)
+        await server.close()
+
+    run(main())
+
+
+def test_a_client_that_leaves_cancels_its_request(front_door):
+    async def main():
+        server = await front_door()
+        FakeLLM.tokens, FakeLLM.delay_s = 1000, 0.01
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.make_url("/v1/completions"),
+                                    json={"model": "llm", "prompt": "p", "stream": True}) as resp:
+                await resp.content.readline()
+            # leaving the block closes the connection mid-stream
+        llm = FakeLLM.instances[0]
+        for _ in range(100):
+            if llm.cancelled:
+                break
+            await asyncio.sleep(0.02)
+        assert llm.cancelled == 1
+        async with aiohttp.ClientSession() as session:
+            async with session.get(server.make_url("/metrics")) as resp:
+                text = await resp.text()
+        assert 'frontdoor_requests_total{route="/v1/completions",status="499"} 1' in text
+        assert "frontdoor_requests_in_flight 0" in text
+        await server.close()
+
+    run(main())
+
+
+def test_health_models_and_unknown_routes(front_door):
+    async def main():
+        server = await front_door()
+        async with aiohttp.ClientSession() as session:
+            async with session.get(server.make_url("/health/ready")) as resp:
+                assert resp.status == 200 and (await resp.json())["models"] == {"llm": True}
+            async with session.get(server.make_url("/v1/models")) as resp:
+                assert [m["id"] for m in (await resp.json())["data"]] == ["llm"]
+            async with session.get(server.make_url("/v1/models/other")) as resp:
+                assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
+            async with session.head(server.make_url("/metrics")) as resp:
+                assert resp.status == 200
+            async with session.get(server.make_url("/v1/nothing")) as resp:
+                assert resp.status == 404 and "error" in await resp.json()
+        await server.close()
+
+    run(main())

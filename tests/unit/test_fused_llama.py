@@ -1,0 +1,71 @@
+"""backend/fused_llama.py: the Llama-family fast path computes what the generic path (Hugging Face's own
+modules with our paged attention) computes, on a ragged batch of chunked prefills and decodes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend import fused_llama
+from backend.model_runner import ForwardItem, ModelRunner
+from test_model_runner import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
+
+
+def ragged_steps(runner: ModelRunner) -> list[torch.Tensor]:
+    """Logits of three steps: a prompt chunk beside two whole prompts, the chunk's rest beside two decodes
+    (one verifying three positions, speculative-style), then three decodes."""
+    tables = scattered_tables(3, 12, seed=5)
+    a, b, c = PROMPTS
+    steps = [
+        [ForwardItem(a[:18], 0, tables[0], 0), ForwardItem(b, 0, tables[1], 1), ForwardItem(c, 0, tables[2], 2)],
+        [ForwardItem(a[18:], 18, tables[0], 1), ForwardItem([9], len(b), tables[1], 1),
+         ForwardItem([11, 12, 13], len(c), tables[2], 3)],
+        [ForwardItem([5], len(a), tables[0], 1), ForwardItem([6], len(b) + 1, tables[1], 1),
+         ForwardItem([7], len(c) + 3, tables[2], 1)],
+    ]
+    return [runner.forward(items) for items in steps]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_fused_equals_generic_in_float32(family, tiny_model_factory):
+    path = tiny_model_factory(family)
+    fused = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="fused")
+    generic = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
+    assert fused.impl == "fused" and generic.impl == "hf"
+    for got, want in zip(ragged_steps(fused), ragged_steps(generic)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_is_close_to_generic_in_bfloat16(tiny_llama):
+    fused = ModelRunner(tiny_llama, "bfloat16", BLOCK, NUM_BLOCKS, model_impl="fused")
+    generic = ModelRunner(tiny_llama, "bfloat16", BLOCK, NUM_BLOCKS, model_impl="hf")
+    for got, want in zip(ragged_steps(fused), ragged_steps(generic)):
+        scale = want.abs().max()
+        assert (got - want).abs().max() <= 0.05 * scale  # bf16 rounding of differently-shaped matmuls
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
+
+
+def test_quantized_runner_stays_close_to_bfloat16(tiny_llama):
+    dense = ModelRunner(tiny_llama, "bfloat16", BLOCK, NUM_BLOCKS)
+    quantized = ModelRunner(tiny_llama, "bfloat16", BLOCK, NUM_BLOCKS, quantization="int4")
+    for got, want in zip(ragged_steps(quantized), ragged_steps(dense)):
+        assert (got - want).abs().max() <= 0.15 * want.abs().max()
+
+
+def test_auto_picks_the_fused_path_only_for_supported_families(tiny_model_factory):
+    assert ModelRunner(tiny_model_factory("llama"), "float32", BLOCK, 8).impl == "fused"
+    gpt2 = tiny_model_factory("gpt2")
+    assert ModelRunner(gpt2, "float32", BLOCK, 8).impl == "hf"
+    with pytest.raises(ValueError, match="fused path supports"):
+        ModelRunner(gpt2, "float32", BLOCK, 8, model_impl="fused")
+
+
+def test_supports_rejects_what_it_does_not_compute():
+    class Config:
+        architectures = ["LlamaForCausalLM"]
+        hidden_act = "silu"
+
+    assert fused_llama.supports(Config())
+    Config.hidden_act = "gelu"
+    assert not fused_llama.supports(Config())
+    Config.hidden_act, Config.architectures = "silu", ["GemmaForCausalLM"]
+    assert not fused_llama.supports(Config())

@@ -1,0 +1,123 @@
+"""frontend/openai_protocol.py: OpenAI bodies mapped onto the model's sampling_parameters, and every bad or
+unsupported field a 400 (or 404 for an unknown model) naming the parameter."""
+from __future__ import annotations
+
+import pytest
+
+from frontend.errors import APIError
+from frontend.openai_protocol import parse_chat, parse_completion
+
+SERVED = ["llm", "llm_small_queue"]
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def render(messages: list[dict]) -> str:
+    """A stand-in chat template: role: content lines, then the assistant's turn."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+
+def chat(**body):
+    return parse_chat({"model": "llm", "messages": MESSAGES, **body}, SERVED, 256, render)
+
+
+def completion(**body):
+    return parse_completion({"model": "llm", "prompt": "Once", **body}, SERVED, 256)
+
+
+def refused(parse, **body) -> APIError:
+    with pytest.raises(APIError) as info:
+        parse(**body)
+    return info.value
+
+
+def test_chat_maps_openai_and_vllm_parameters_onto_sampling_parameters():
+    g = chat(max_completion_tokens=12, temperature=0.5, top_p=0.9, n=2, stop=["\n"], seed=7,
+             presence_penalty=0.5, frequency_penalty=-0.5, logprobs=True, top_logprobs=3, top_k=40,
+             min_p=0.05, repetition_penalty=1.1, ignore_eos=True, stream=True,
+             stream_options={"include_usage": True}, user="u1")
+    assert g.prompts == ["user: Hi\nassistant:"]
+    assert g.sampling == {"temperature": 0.5, "top_p": 0.9, "n": 2, "stop": ["\n"], "seed": 7,
+                          "presence_penalty": 0.5, "frequency_penalty": -0.5, "top_k": 40, "min_p": 0.05,
+                          "repetition_penalty": 1.1, "ignore_eos": True, "max_tokens": 12, "logprobs": 3}
+    assert (g.n, g.stream, g.include_usage, g.logprobs, g.echo, g.num_choices) == (2, True, True, 3, False, 2)
+
+
+def test_chat_defaults_and_message_forms():
+    g = chat()
+    assert g.sampling == {"max_tokens": 256} and g.logprobs is None and not g.stream and g.n == 1
+    assert chat(max_tokens=5).sampling["max_tokens"] == 5
+    assert chat(logprobs=True).logprobs == 0  # the chosen token only
+    assert chat(temperature=None).sampling == {"max_tokens": 256}  # null means the default
+    parts = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert parse_chat({"model": "llm", "messages": parts}, SERVED, 8, render).prompts == \
+        ["system: Be brief.\nuser: ab\nassistant:"]
+
+
+def test_completion_prompts_echo_and_logprobs():
+    g = completion(prompt=["a", "b"], n=2, echo=True, max_tokens=3)
+    assert g.prompts == ["a", "b"] and g.num_choices == 4 and g.echo and g.sampling == {"n": 2, "max_tokens": 3}
+    assert completion(logprobs=2).sampling["logprobs"] == 2
+    assert completion(best_of=1).n == 1
+
+
+@pytest.mark.parametrize("body, param, code", [
+    ({"temperature": -1}, "temperature", None),
+    ({"temperature": "hot"}, "temperature", None),
+    ({"top_p": 0}, "top_p", None),
+    ({"n": 0}, "n", None),
+    ({"n": True}, "n", None),
+    ({"max_tokens": 0}, "max_tokens", None),
+    ({"max_completion_tokens": -1}, "max_completion_tokens", None),
+    ({"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens", None),
+    ({"stop": [1, 2]}, "stop", None),
+    ({"stop": ""}, "stop", None),
+    ({"seed": -1}, "seed", None),
+    ({"presence_penalty": 3}, "presence_penalty", None),
+    ({"top_logprobs": 2}, "top_logprobs", None),
+    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs", None),
+    ({"logprobs": 3}, "logprobs", None),
+    ({"logit_bias": {"50256": -100}}, "logit_bias", "unsupported_parameter"),
+    ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", None),
+    ({"stream": True, "stream_options": {"chunk": 1}}, "stream_options.chunk", "unsupported_parameter"),
+    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    ({"messages": []}, "messages", None),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", None),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content", None),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls",
+     "unsupported_parameter"),
+])
+def test_bad_chat_fields_are_400s_naming_the_parameter(body, param, code):
+    err = refused(chat, **body)
+    assert (err.status, err.type, err.param, err.code) == (400, "invalid_request_error", param, code), err.body()
+    assert err.message
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1, 2, 3]}, "prompt"),
+    ({"suffix": "end"}, "suffix"),
+    ({"best_of": 3}, "best_of"),
+    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": 1, "echo": True}, "echo"),
+    ({"echo": "yes"}, "echo"),
+    ({"messages": MESSAGES}, "messages"),  # a chat field on the completions route
+])
+def test_bad_completion_fields_are_400s(body, param):
+    err = refused(completion, **body)
+    assert (err.status, err.param) == (400, param), err.body()
+
+
+def test_model_is_required_and_must_be_served():
+    assert refused(lambda: parse_chat({"messages": MESSAGES}, SERVED, 8, render)).param == "model"
+    err = refused(chat, model="gpt-4")
+    assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
+    assert chat(model="llm_small_queue").model == "llm_small_queue"
+
+
+def test_body_must_be_an_object():
+    assert refused(lambda: parse_completion(["prompt"], SERVED, 8)).status == 400

@@ -1,0 +1,108 @@
+"""backend/output_sender.py: outputs delivered off the engine thread, merged per stream, cancellation noticed
+by the periodic sweep, a failing client cut off after its first failure."""
+from __future__ import annotations
+
+import threading
+import time
+
+from backend.output_sender import OutputSender, merge_outputs
+from backend.request import FinishReason, Request, RequestOutput, SampleOutput
+from backend.sampling_params import SamplingParams
+
+WAIT_S = 10
+
+
+def request(on_output=lambda o: None, is_cancelled=lambda: False, rid="r") -> Request:
+    return Request(rid, "p", [1, 2], SamplingParams(), stream=True, on_output=on_output, is_cancelled=is_cancelled)
+
+
+def delta(req, text, ids, index=0, finished=False, reason=None, logprobs=None) -> RequestOutput:
+    sample = SampleOutput(index, text, ids, reason, len(ids), logprobs)
+    return RequestOutput(req.request_id, [sample], 2, finished, None, req)
+
+
+def wait_until(predicate) -> bool:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return predicate()
+
+
+def test_merge_concatenates_the_deltas_of_each_sample_in_order():
+    a, b = request(rid="a"), request(rid="b")
+    outputs = [
+        delta(a, "Hel", [1], logprobs=[{"t": 1}]), delta(b, "x", [9]), delta(a, "lo", [2], logprobs=[{"t": 2}]),
+        delta(a, "!", [3], index=1), delta(a, "", [4], finished=True, reason=FinishReason.STOP, logprobs=[{"t": 4}]),
+    ]
+    merged = merge_outputs(outputs)
+    assert [o.request_id for o in merged] == ["a", "b"]
+    first = merged[0]
+    assert first.finished
+    s0, s1 = first.samples
+    assert (s0.text, s0.token_ids, s0.finish_reason) == ("Hello", [1, 2, 4], FinishReason.STOP)
+    assert s0.logprobs == [{"t": 1}, {"t": 2}, {"t": 4}]
+    assert (s1.sample_index, s1.text, s1.token_ids) == (1, "!", [3])
+    assert merged[1].samples[0].text == "x" and not merged[1].finished
+
+
+def test_outputs_go_out_from_the_sender_thread():
+    threads, got = set(), threading.Event()
+
+    def record(output):
+        threads.add(threading.current_thread().name)
+        got.set()
+
+    sender = OutputSender()
+    sender.put(delta(request(record), "a", [1]))
+    assert got.wait(WAIT_S)
+    assert threads == {"llm-output-sender"}
+    sender.close()
+
+
+def test_the_sweep_notices_cancellation_and_asks_no_more_than_once_per_interval():
+    cancelled, asked = threading.Event(), []
+
+    def is_cancelled():
+        asked.append(time.monotonic())
+        return cancelled.is_set()
+
+    req = request(is_cancelled=is_cancelled)
+    sender = OutputSender(sweep_interval_s=0.05)
+    sender.track(req)
+    for i in range(20):  # a busy stream: outputs do not make it ask more often
+        sender.put(delta(req, "x", [i]))
+        time.sleep(0.005)
+    assert not req.cancelled
+    cancelled.set()
+    assert wait_until(lambda: req.cancelled)
+    sender.close()
+    gaps = [b - a for a, b in zip(asked, asked[1:])]
+    assert gaps and min(gaps) >= 0.045
+
+
+def test_a_failing_client_is_cancelled_and_sent_nothing_more():
+    calls = []
+
+    def broken(output):
+        calls.append(output)
+        raise RuntimeError("client went away")
+
+    req = request(broken)
+    sender = OutputSender()
+    sender.track(req)
+    sender.put(delta(req, "a", [1]))
+    assert wait_until(lambda: req.cancelled)
+    sender.put(delta(req, "", [], finished=True, reason=FinishReason.ABORT))
+    sender.close()
+    assert len(calls) == 1
+
+
+def test_close_sends_everything_queued():
+    got = []
+    req = request(got.append)
+    sender = OutputSender()
+    for i in range(50):
+        sender.put(delta(req, str(i), [i], finished=i == 49))
+    sender.close()
+    assert "".join(s.text for o in got for s in o.samples) == "".join(str(i) for i in range(50))
+    assert got[-1].finished and sum(o.finished for o in got) == 1

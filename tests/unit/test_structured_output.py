@@ -1,0 +1,360 @@
+"""backend/structured_output.py: the client keys, the masks (exactly the grammar's next tokens, checked by brute
+force on a small vocabulary), compile errors and caching; and end to end on the tiny random Llama: every kind of
+constraint holds under chunked prefill, n > 1, prefix caching, preemption and speculative decoding (a draft
+that breaks the grammar never gets through), and a seeded constrained request reproduces in a busy batch."""
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_engine import check_pool_empty, make_engine, run  # noqa: F401  (make_engine: the engine fixture)
+
+from backend import InvalidRequest, SamplingParams
+from backend.proposers import Proposer
+from backend.request import FinishReason
+from backend.structured_output import GrammarCompiler, StructuredOutput, advance, pop_guided_decoding
+
+# ----------------------------------------------------------------------------------------------- client keys
+
+
+@pytest.mark.parametrize("values, kind", [
+    ({"guided_json": {"type": "object"}}, "json"),
+    ({"guided_json": '{"type": "integer"}'}, "json"),
+    ({"guided_json_object": True}, "json_object"),
+    ({"guided_json_object": "true"}, "json_object"),
+    ({"guided_regex": "[0-9]+"}, "regex"),
+    ({"guided_choice": ["yes", "no"]}, "choice"),
+    ({"guided_grammar": 'root ::= "a" | "b"'}, "grammar"),
+    ({"guided_grammar": 'start: "a" | "b"'}, "grammar"),
+    ({"structured_outputs": {"regex": "[a-z]"}}, "regex"),
+    ({"structured_outputs": '{"choice": ["x"]}'}, "choice"),
+    ({"structured_outputs": {"json_object": True}}, "json_object"),
+])
+def test_client_keys(values, kind):
+    values = {**values, "temperature": 0}
+    guided = pop_guided_decoding(values)
+    assert guided.kind == kind and guided.grammar
+    assert values == {"temperature": 0}  # the constraint's keys are consumed, the rest is left
+
+
+def test_sampling_params_carry_the_constraint():
+    params = SamplingParams.from_dict({"guided_regex": "[0-9]+", "max_tokens": "5"})
+    assert params.guided_decoding.kind == "regex" and params.max_tokens == 5
+    assert SamplingParams.from_dict({"max_tokens": 5}).guided_decoding is None
+    with pytest.raises(InvalidRequest) as info:
+        SamplingParams.from_dict({"guided_xml": "<a/>"})
+    assert "unknown sampling parameter(s) ['guided_xml']" in str(info.value)
+    assert "'guided_json', 'guided_json_object', 'guided_regex'" in str(info.value)
+
+
+def test_no_constraint():
+    assert pop_guided_decoding({"max_tokens": 3}) is None
+    assert pop_guided_decoding({"guided_json_object": False, "guided_regex": None}) is None
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "at most one output constraint"),
+    ({"guided_json": '{"type": '}, "guided_json must be a JSON schema"),
+    ({"guided_json": [1, 2]}, "guided_json must be a JSON schema (an object), got list"),
+    ({"guided_choice": "yes"}, "guided_choice must be a non-empty list of non-empty strings"),
+    ({"guided_choice": ["yes", ""]}, "guided_choice must be a non-empty list of non-empty strings"),
+    ({"guided_regex": ""}, "guided_regex must be a non-empty string"),
+    ({"guided_json_object": "maybe"}, "guided_json_object must be true or false"),
+    ({"structured_outputs": {"xml": "<a/>"}}, "unknown structured_outputs key(s) ['xml']"),
+    ({"structured_outputs": "[1]"}, "structured_outputs must be an object, got list"),
+    ({"structured_outputs": "{"}, "structured_outputs must be a JSON object"),
+])
+def test_malformed_constraints(values, fragment):
+    with pytest.raises(InvalidRequest) as info:
+        pop_guided_decoding(values)
+    assert fragment in str(info.value)
+
+
+# --------------------------------------------------------------------------- masks on a small vocabulary
+
+SMALL_TOKENS = ["<eos>", "a", "b", "c", "y", "e", "s", "n", "o", "ab", "bc", "abc", "ye", "yes", "no", "on"]
+SMALL_EOS = 0
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory) -> str:
+    """A folder with a 16-token byte-level BPE tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    merges = [("a", "b"), ("b", "c"), ("ab", "c"), ("y", "e"), ("ye", "s"), ("n", "o"), ("o", "n")]
+    backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(SMALL_TOKENS)}, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    folder = tmp_path_factory.mktemp("small-vocab")
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>").save_pretrained(folder)
+    return str(folder)
+
+
+def expected_mask(language: set[str], text: str) -> set[int]:
+    """Brute force: the tokens that keep `text` a prefix of a word of the finite `language`; EOS if it is one."""
+    allowed = {i for i, t in enumerate(SMALL_TOKENS) if i != SMALL_EOS and any(w.startswith(text + t) for w in language)}
+    return allowed | ({SMALL_EOS} if text in language else set())
+
+
+def scheduled(matcher, drafts=()):
+    """What mask_logits reads of a scheduled sequence that samples (k draft tokens: k + 1 rows)."""
+    seq = SimpleNamespace(matcher=matcher, spec_token_ids=list(drafts))
+    return SimpleNamespace(seq=seq, samples=True, num_spec_tokens=len(drafts))
+
+
+def allowed_rows(logits: torch.Tensor) -> list[set[int]]:
+    return [set(torch.nonzero(row > float("-inf")).flatten().tolist()) for row in logits]
+
+
+# a choice list and a regex over the same finite language, so the brute force knows every word
+LANGUAGE = {"ab", "abc", "yes", "no", "noon", "bc"}
+
+
+@pytest.mark.parametrize("values", [
+    {"guided_choice": sorted(LANGUAGE)},
+    {"guided_regex": "ab|abc|yes|no(on)?|bc"},
+    {"guided_grammar": 'root ::= "ab" "c"? | "yes" | "no" | "noon" | "bc"'},
+])
+def test_masks_allow_exactly_the_grammars_next_tokens(small_vocab, values):
+    structured = StructuredOutput(small_vocab, len(SMALL_TOKENS))
+    compiled = structured.compiler.compile(pop_guided_decoding(values)).result(timeout=30)
+    tok = {t: i for i, t in enumerate(SMALL_TOKENS)}
+    # one batch: an unconstrained row, three constrained sequences at different states, one with drafts
+    states = [[], ["a"], ["no"], ["ye"]]
+    matchers = []
+    for consumed in states:
+        matcher = compiled.deep_copy()
+        assert all(matcher.consume_token(tok[t]) for t in consumed)
+        matchers.append(matcher)
+    drafts = ["no", "a", "n", "yes"]  # "no", then "noa" breaks the grammar (later rows are never used)
+    batch = [scheduled(None)] + [scheduled(m) for m in matchers] + [scheduled(compiled.deep_copy(), [tok[d] for d in drafts])]
+    logits = torch.randn(1 + len(states) + len(drafts) + 1, len(SMALL_TOKENS))
+    unconstrained = logits[0].clone()
+    structured.mask_logits(batch, logits)
+    rows = allowed_rows(logits)
+    assert torch.equal(logits[0], unconstrained)
+    for i, consumed in enumerate(states):
+        assert rows[1 + i] == expected_mask(LANGUAGE, "".join(consumed)), consumed
+    first = 1 + len(states)
+    assert rows[first] == expected_mask(LANGUAGE, "")  # before any draft
+    assert rows[first + 1] == expected_mask(LANGUAGE, "no")  # after the draft "no"
+    assert tok["a"] not in rows[first + 1]  # so the draft "a" gets probability 0 and is rejected
+    assert batch[-1].seq.matcher.is_accepting() is False  # the drafts did not move the matcher
+    allowed = logits[1:first][torch.isfinite(logits[1:first])]
+    assert torch.equal(allowed, logits[1:first][torch.isfinite(logits[1:first])])  # allowed logits untouched
+
+
+def test_a_complete_grammar_stops_the_sequence(small_vocab):
+    structured = StructuredOutput(small_vocab, len(SMALL_TOKENS))
+    compiled = structured.compiler.compile(pop_guided_decoding({"guided_choice": ["ab", "abc"]})).result(timeout=30)
+    matcher = compiled.deep_copy()
+    tok = {t: i for i, t in enumerate(SMALL_TOKENS)}
+    assert not advance(matcher, tok["ab"])  # "ab" is a word, but "abc" may follow
+    assert advance(matcher, tok["c"])  # "abc": nothing but EOS may follow
+    assert advance(compiled.deep_copy(), tok["yes"])  # a token the grammar forbids also stops it
+
+
+@pytest.mark.parametrize("values, fragment", [
+    ({"guided_regex": "(abc"}, "the regular expression does not compile: "),
+    ({"guided_json": {"type": "foo"}}, "the JSON schema does not compile: Invalid type: foo"),
+    ({"guided_grammar": "start: foo bar ::="}, "the grammar does not compile: 1(17): Expected token 'rule_name'"),
+    ({"guided_grammar": "root ::= undefined_rule"}, "guided_grammar is not a valid grammar: Failed to convert the "
+                                                    "grammar from GBNF to Lark: Rule 'undefined_rule' not found"),
+])
+def test_compile_errors_name_the_problem(small_vocab, values, fragment):
+    """Malformed GBNF is refused while parsing the request; the rest when compiled."""
+    compiler = GrammarCompiler(small_vocab, len(SMALL_TOKENS))
+    with pytest.raises(InvalidRequest) as info:
+        compiler.compile(pop_guided_decoding(values)).result(timeout=30)
+    assert str(info.value).startswith(fragment)
+
+
+def test_each_grammar_compiles_once(small_vocab):
+    compiler = GrammarCompiler(small_vocab, len(SMALL_TOKENS), cache_size=2)
+    a, b, c = (pop_guided_decoding({"guided_choice": [w]}) for w in ("ab", "yes", "no"))
+    first = compiler.compile(a)
+    assert compiler.compile(pop_guided_decoding({"guided_choice": ["ab"]})) is first  # cached by its text
+    evicted = compiler.compile(b)
+    compiler.compile(a)  # a is now the most recently used
+    compiler.compile(c)  # evicts b
+    assert list(compiler._cache) == [a.grammar, c.grammar]
+    assert compiler.compile(a) is first and compiler.compile(b) is not evicted
+
+
+# ------------------------------------------------------------------------------------------ in the engine
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "kind": {"enum": ["cat", "dog"]},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+    },
+    "required": ["age", "kind", "tags"],
+    "additionalProperties": False,
+}
+CONSTRAINTS = {
+    "json": ({"guided_json": SCHEMA}, lambda text: _fits_schema(json.loads(text))),
+    "json_object": ({"guided_json_object": True}, lambda text: isinstance(json.loads(text), dict)),
+    "regex": ({"guided_regex": "[0-9]{2,3}-[a-z]{2}"}, lambda text: re.fullmatch("[0-9]{2,3}-[a-z]{2}", text)),
+    "choice": ({"guided_choice": ["red", "green", "blue"]}, lambda text: text in ("red", "green", "blue")),
+    "grammar": ({"guided_grammar": 'root ::= "(" [a-c]{1,3} ")"'}, lambda text: re.fullmatch(r"\([a-c]{1,3}\)", text)),
+}
+
+
+def _fits_schema(value) -> bool:
+    import jsonschema
+
+    jsonschema.validate(value, SCHEMA)
+    return True
+
+
+def constrained(kind: str, **params) -> SamplingParams:
+    return SamplingParams.from_dict({"max_tokens": 60, **CONSTRAINTS[kind][0], **params})
+
+
+def check(engine, kind: str, sample) -> None:
+    """Every emitted token was allowed; the text is complete and valid (any JSON object: a random model's
+    strings may run to max_tokens, so only where it stopped)."""
+    matcher = engine.structured.compile(pop_guided_decoding(dict(CONSTRAINTS[kind][0]))).result().deep_copy()
+    assert all(matcher.consume_token(t) for t in sample.token_ids), (kind, sample.text)
+    if kind != "json_object" or sample.finish_reason != FinishReason.LENGTH:
+        assert sample.finish_reason == FinishReason.STOP, (kind, sample.text)
+        assert CONSTRAINTS[kind][1](sample.text), (kind, sample.text)
+
+
+def run_all(engine, specs, prompt="Answer:"):
+    """[(id, kind, params)] -> {id: final samples}"""
+    requests = [engine.build_request(rid, f"{prompt} {rid}", constrained(kind, **p)) for rid, kind, p in specs]
+    return {rid: outs[-1].samples for rid, outs in run(engine, requests).items()}
+
+
+def test_every_kind_holds_greedy_and_sampled_with_parallel_samples(make_engine):
+    engine = make_engine(max_num_batched_tokens=8)  # prompts are chunked
+    specs = [(f"{kind}-{mode}", kind, p) for kind in CONSTRAINTS
+             for mode, p in (("greedy", {"temperature": 0}), ("sampled", {"n": 3, "seed": 7}))]
+    results = run_all(engine, specs)
+    for rid, kind, p in specs:
+        assert len(results[rid]) == p.get("n", 1)
+        for sample in results[rid]:
+            check(engine, kind, sample)
+    check_pool_empty(engine)
+
+
+def test_prefix_caching_and_preemption_keep_the_constraint_and_the_output(make_engine):
+    specs = [(f"{kind}-{i}", kind, {"seed": i, "n": 2}) for kind in CONSTRAINTS for i in range(2)]
+    reference = run_all(make_engine(), specs)
+    cached = run_all(make_engine(), specs)  # the same prompts again: served from the prefix cache
+    tight = make_engine(kv_cache_blocks=24, max_num_seqs=8)  # 4-token blocks: preemption certain
+    preempted_before = tight.scheduler.num_preemptions
+    squeezed = run_all(tight, specs)
+    assert tight.scheduler.num_preemptions > preempted_before
+    for rid, kind, _ in specs:
+        texts = [s.text for s in reference[rid]]
+        assert [s.text for s in cached[rid]] == texts and [s.text for s in squeezed[rid]] == texts, rid
+        for sample in squeezed[rid]:
+            check(tight, kind, sample)
+    check_pool_empty(tight)
+
+
+class GrammarBreakingDraft(Proposer):
+    """Proposes the next token of a known output (where one is given), then copies of a token that no
+    constraint here allows (deterministic: one-hot q)."""
+
+    def __init__(self, bad_token: int, known: dict[str, list[int]]):
+        self.bad_token, self.known = bad_token, known
+
+    def propose(self, requests):
+        for seq, k in requests:
+            known = self.known.get(seq.request.request_id, [])[seq.num_output_tokens :][:1]
+            seq.spec_token_ids = (known + [self.bad_token] * k)[:k]
+            seq.spec_draft_probs = None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafts_that_break_the_grammar_are_rejected(make_engine, temperature):
+    """Greedy: each step's first draft is the right token, the rest break the grammar: the right ones are
+    accepted, the matcher follows the accepted prefix, the output is unchanged. Sampled: every draft breaks it."""
+    specs = [(f"bad-{kind}", kind, {"temperature": temperature, "seed": 3}) for kind in CONSTRAINTS]
+    known = {}
+    if temperature == 0.0:
+        known = {rid: samples[0].token_ids for rid, samples in run_all(make_engine(), specs).items()}
+    engine = make_engine(draft_model="ngram", num_speculative_tokens=3)
+    bad = engine.input_tokenizer(" Bonjour").input_ids[0]
+    engine.spec.proposer = GrammarBreakingDraft(bad, known)
+    drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total")
+    accepted = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total")
+    results = run_all(engine, specs)
+    drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total") - drafted
+    accepted = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total") - accepted
+    assert drafted > 0
+    if known:
+        assert 0 < accepted < drafted
+    else:
+        assert accepted == 0  # none got through
+    for rid, kind, _ in specs:
+        check(engine, kind, results[rid][0])
+        assert bad not in results[rid][0].token_ids
+        if known:
+            assert results[rid][0].token_ids == known[rid]
+    check_pool_empty(engine)
+
+
+def test_greedy_constrained_output_is_unchanged_by_speculation(make_engine):
+    specs = [(f"spec-{kind}", kind, {"temperature": 0}) for kind in CONSTRAINTS]
+    plain = run_all(make_engine(), specs)
+    engine = make_engine(draft_model="self", num_speculative_tokens=3, draft_dtype="float32")
+    drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total")
+    accepted = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total")
+    speculated = run_all(engine, specs)
+    drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total") - drafted
+    accepted = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total") - accepted
+    assert 0 < accepted < drafted  # the unconstrained draft is often right, sometimes forbidden
+    for rid, kind, _ in specs:
+        assert [s.token_ids for s in speculated[rid]] == [s.token_ids for s in plain[rid]], rid
+    check_pool_empty(engine)
+
+
+def test_seeded_constrained_request_is_the_same_alone_and_in_a_busy_batch(make_engine):
+    engine = make_engine(max_num_batched_tokens=16)
+    alone = run_all(engine, [("seeded", "json", {"seed": 11, "temperature": 0.9})])["seeded"][0]
+    busy = [(f"other-{kind}-{i}", kind, {"seed": 100 + i, "n": 2}) for kind in CONSTRAINTS for i in range(2)]
+    prompts = [engine.build_request(f"free-{i}", "Tell me a story", SamplingParams(max_tokens=30, seed=i))
+               for i in range(3)]
+    requests = prompts + [engine.build_request(rid, f"Answer: {rid}", constrained(kind, **p)) for rid, kind, p in busy]
+    requests.insert(4, engine.build_request("seeded", "Answer: seeded", constrained("json", seed=11, temperature=0.9)))
+    results = run(engine, requests)
+    assert results["seeded"][-1].samples[0].token_ids == alone.token_ids
+    check(engine, "json", alone)
+    check_pool_empty(engine)
+
+
+def test_a_grammar_that_does_not_compile_fails_only_its_request(make_engine):
+    engine = make_engine()
+    bad = SamplingParams.from_dict({"max_tokens": 8, "guided_json": {"properties": {"a": {"type": "nope"}}}})
+    requests = [engine.build_request("bad", "Hello", bad), engine.build_request("good", "Hello", constrained("choice"))]
+    results = run(engine, requests)
+    assert "the JSON schema does not compile" in results["bad"][-1].error and "nope" in results["bad"][-1].error
+    assert results["good"][-1].error is None
+    check(engine, "choice", results["good"][-1].samples[0])
+    check_pool_empty(engine)
+
+
+def test_a_compiler_crash_fails_only_its_request(small_vocab):
+    from concurrent.futures import Future
+
+    crashed, compiled = Future(), Future()
+    crashed.set_exception(RuntimeError("out of memory"))
+    compiled.set_result(GrammarCompiler(small_vocab, len(SMALL_TOKENS)).compile(
+        pop_guided_decoding({"guided_choice": ["ab"]})).result(timeout=30))
+    seqs = [SimpleNamespace(matcher=None) for _ in range(2)]
+    requests = [SimpleNamespace(compiling=True, grammar=crashed, error=None, sequences=[]),
+                SimpleNamespace(compiling=True, grammar=compiled, error=None, sequences=seqs)]
+    StructuredOutput(small_vocab, len(SMALL_TOKENS)).prepare(requests)
+    assert requests[0].error == "the output constraint could not be compiled: out of memory"
+    assert requests[1].error is None and seqs[0].matcher is not seqs[1].matcher  # a matcher each
+    assert seqs[0].matcher is not compiled.result() and seqs[0].matcher.is_accepting() is False
