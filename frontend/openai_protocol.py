@@ -14,22 +14,26 @@ from typing import Any, Callable
 from backend.sampling_params import InvalidRequest, SamplingParams
 
 from .errors import bad_request, model_not_found, unsupported
+from .tools import ToolCalling, conversation, parse_tool_calling
 
 # OpenAI (and vLLM-extra) parameters passed through to sampling_parameters under the same name.
 PASSTHROUGH = (
     "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+    # vLLM's structured-output extras (the openai SDK sends them with extra_body)
+    "guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
 )
 COMMON = frozenset(PASSTHROUGH + ("model", "max_tokens", "stream", "stream_options", "logit_bias", "user",
                                   "return_tokens_as_token_ids"))
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
+                        "tool_choice", "parallel_tool_calls"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "suffix", "best_of"}
 # OpenAI parameters this server knows of and cannot honour: a 400 that says so (not "unknown").
 UNSUPPORTED = frozenset({
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio", "modalities",
+    "functions", "function_call", "audio", "modalities",
     "prediction", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier",
 })
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 _INT = (int,)
 _NUMBER = (int, float)
@@ -42,6 +46,7 @@ TYPES: dict[str, tuple] = {
     "stream": (bool,), "echo": (bool,), "ignore_eos": (bool,), "return_tokens_as_token_ids": (bool,),
     "model": (str,), "user": (str,), "stop": (str, list), "stop_token_ids": (list,), "logit_bias": (dict,),
     "stream_options": (dict,), "messages": (list,), "prompt": (str, list), "response_format": (dict,),
+    "tools": (list,), "tool_choice": (str, dict), "parallel_tool_calls": (bool,),
 }
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", str: "a string", list: "an array",
                dict: "an object"}
@@ -60,6 +65,7 @@ class Generation:
     echo: bool  # completions: the prompt comes before the completion text
     logprobs: int | None  # None: none; k: each token's logprob and its top k alternatives
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+    tool_calling: ToolCalling | None = None  # chat: tools the model may call (their calls parsed from its text)
 
     @property
     def num_choices(self) -> int:
@@ -75,9 +81,14 @@ def parse_chat(body: Any, served: list[str], default_max_tokens: int,
         raise bad_request("give max_completion_tokens or max_tokens, not both with different values",
                           "max_completion_tokens")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
-    format_type = (body.get("response_format") or {}).get("type", "text")
-    if format_type != "text":
-        raise unsupported("response_format", f" (only type 'text', got {format_type!r})")
+    constraint = _response_format(body.get("response_format"))
+    tool_calling = parse_tool_calling(body)
+    if tool_calling is not None:
+        if constraint:
+            raise bad_request("give response_format or tools, not both (unless tool_choice is \"none\")",
+                              "response_format")
+        grammar = tool_calling.grammar()
+        constraint = {"guided_grammar": grammar} if grammar else {}
     logprobs = None
     if body.get("logprobs"):
         logprobs = body.get("top_logprobs", 0)
@@ -85,10 +96,36 @@ def parse_chat(body: Any, served: list[str], default_max_tokens: int,
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     if "logprobs" in body and not isinstance(body["logprobs"], bool):
         raise bad_request(f"logprobs must be a boolean, got {body['logprobs']!r}", "logprobs")
-    prompt = render_chat(_messages(body.get("messages")))
+    prompt = render_chat(conversation(_messages(body.get("messages")), tool_calling))
     names = {"max_tokens": "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
-             "logprobs": "top_logprobs"}
-    return _generation(body, model, [prompt], max_tokens, logprobs, False, names)
+             "logprobs": "top_logprobs", "guided_json": "response_format", "guided_json_object": "response_format",
+             "guided_grammar": "tools"}
+    generation = _generation(body, model, [prompt], max_tokens, logprobs, False, names, constraint)
+    generation.tool_calling = tool_calling
+    return generation
+
+
+def _response_format(response_format: Any) -> dict[str, Any]:
+    """OpenAI's response_format as the model's structured-output key: {} for text."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"guided_json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise bad_request('response_format.json_schema must be an object {"name": ..., "schema": {...}}',
+                              "response_format.json_schema")
+        schema = spec.get("schema")
+        if schema is None:
+            return {"guided_json_object": True}
+        if not isinstance(schema, dict):
+            raise bad_request(f"response_format.json_schema.schema must be a JSON schema object, got {schema!r}",
+                              "response_format.json_schema.schema")
+        return {"guided_json": schema}
+    raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                      "response_format.type")
 
 
 def parse_completion(body: Any, served: list[str], default_max_tokens: int) -> Generation:
@@ -146,15 +183,35 @@ def _messages(messages: Any) -> list[dict]:
         param = f"messages[{i}]"
         if not isinstance(message, dict):
             raise bad_request(f"{param} must be an object with role and content", param)
-        extra = set(message) - {"role", "content", "name"}
+        extra = set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
             raise unsupported(f"{param}.{sorted(extra)[0]}")
         role = message.get("role")
         if role not in ROLES:
             raise bad_request(f"{param}.role must be one of {list(ROLES)}, got {role!r}", f"{param}.role")
-        out.append({**message, "role": "system" if role == "developer" else role,
-                    "content": _content(message.get("content"), f"{param}.content")})
+        tool_calls = _tool_calls(message.get("tool_calls"), role, param)
+        content = message.get("content")
+        content = "" if content is None and tool_calls else _content(content, f"{param}.content")
+        out.append({**message, "role": "system" if role == "developer" else role, "content": content,
+                    "tool_calls": tool_calls})
     return out
+
+
+def _tool_calls(calls: Any, role: str, param: str) -> list[dict]:
+    """An assistant message's earlier tool calls, each {"type": "function", "function": {name, arguments}}."""
+    if calls is None:
+        return []
+    if role != "assistant":
+        raise bad_request(f"{param}.tool_calls is only allowed on assistant messages", f"{param}.tool_calls")
+    if not isinstance(calls, list):
+        raise bad_request(f"{param}.tool_calls must be an array", f"{param}.tool_calls")
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments"), str)):
+            raise bad_request(f"{param}.tool_calls[{i}] must be {{\"type\": \"function\", \"function\": "
+                              f"{{\"name\": str, \"arguments\": str}}}}, got {call!r}", f"{param}.tool_calls")
+    return calls
 
 
 def _content(content: Any, param: str) -> str:
@@ -185,7 +242,7 @@ def _prompts(prompt: Any) -> list[str]:
 
 
 def _generation(body: dict, model: str, prompts: list[str], max_tokens: Any, logprobs: int | None,
-                echo: bool, names: dict[str, str]) -> Generation:
+                echo: bool, names: dict[str, str], constraint: dict[str, Any] | None = None) -> Generation:
     if body.get("logit_bias"):
         raise unsupported("logit_bias", " (the engine has no logit bias)")
     stream = body.get("stream", False)
@@ -200,6 +257,7 @@ def _generation(body: dict, model: str, prompts: list[str], max_tokens: Any, log
             raise bad_request("stream_options.include_usage must be a boolean", "stream_options.include_usage")
     sampling = {key: body[key] for key in PASSTHROUGH if key in body}
     sampling["max_tokens"] = max_tokens
+    sampling.update(constraint or {})
     if logprobs is not None:
         sampling["logprobs"] = logprobs
     _validate(sampling, names)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .openai_protocol import Generation
 from .tokenizer import ModelTokenizer
+from .tools import ToolCallParser
 from .triton_stream import SampleDelta
 
 
@@ -89,21 +90,52 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
+    """Chat answers; with tools, each choice's text goes through a ToolCallParser: the calls it finds become
+    `tool_calls` (finish_reason `tool_calls`) and the rest stays content."""
+
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl"
+
+    def __init__(self, generation: Generation, tokenizer: ModelTokenizer):
+        super().__init__(generation, tokenizer)
+        self._parsers: dict[int, ToolCallParser] = {}  # streaming: one per choice
 
     def opening_choices(self) -> list[dict]:
         return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                 for i in range(self.generation.num_choices)]
 
     def delta_choice(self, index: int, delta: SampleDelta) -> dict:
-        return {"index": index, "delta": {"content": delta.text} if delta.text else {},
-                "logprobs": self._logprobs(delta.logprobs or []), "finish_reason": delta.finish_reason}
+        content, calls, finish_reason = delta.text, [], delta.finish_reason
+        tools = self.generation.tool_calling
+        if tools is not None:
+            parser = self._parsers.setdefault(index, ToolCallParser(tools.names))
+            content, calls = parser.feed(delta.text)
+            if tools.choice != "auto" and not content.strip():
+                content = ""  # forced calls: only the newlines between them
+            if finish_reason is not None:
+                content += parser.finish()
+                finish_reason = _finish_reason(finish_reason, parser.num_calls)
+        message = {"content": content} if content else {}
+        if calls:
+            message["tool_calls"] = calls
+        return {"index": index, "delta": message, "logprobs": self._logprobs(delta.logprobs or []),
+                "finish_reason": finish_reason}
 
     def whole_choice(self, index: int, choice: Choice) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": choice.text},
-                "logprobs": self._logprobs(choice.logprobs), "finish_reason": choice.finish_reason}
+        message = {"role": "assistant", "content": choice.text}
+        finish_reason = choice.finish_reason
+        tools = self.generation.tool_calling
+        if tools is not None:
+            parser = ToolCallParser(tools.names)
+            content, calls = parser.feed(choice.text)
+            content += parser.finish()
+            if calls:
+                message = {"role": "assistant", "content": content.strip() or None,
+                           "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]}
+                finish_reason = _finish_reason(finish_reason, len(calls))
+        return {"index": index, "message": message, "logprobs": self._logprobs(choice.logprobs),
+                "finish_reason": finish_reason}
 
     def _logprobs(self, entries: list[dict]) -> dict | None:
         if self.generation.logprobs is None:
@@ -117,6 +149,11 @@ class ChatFormat(ResponseFormat):
     def _token(self, token_id: int, logprob: float) -> dict:
         text = self.token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def _finish_reason(engine_reason: str, num_calls: int) -> str:
+    """`tool_calls` when the model stopped after calling (a call cut off by max_tokens is left as text)."""
+    return "tool_calls" if num_calls and engine_reason == "stop" else engine_reason
 
 
 class CompletionFormat(ResponseFormat):

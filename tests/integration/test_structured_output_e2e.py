@@ -1,12 +1,15 @@
-"""Structured output through the real server: 16 concurrent requests with different JSON schemas return JSON that
-validates (jsonschema); regex and choice constraints hold over 20 seeded samples each; constraints hold under
-speculative decoding; schemas and grammars that do not compile get a clear error; no KV block is left behind."""
+"""Structured output and tool calling through the real stack. Through the `openai` SDK and the front door: 16
+concurrent requests with different JSON schemas return JSON that validates (jsonschema); regex and choice
+constraints hold over 20 seeded samples each; forced tool calls carry arguments that fit the function's schema;
+bad schemas are 400s. Through Triton's own endpoints: constraints under speculative decoding, a schema as a
+generate parameter, clear errors for everything that does not compile. No KV block is left behind."""
 from __future__ import annotations
 
 import json
 import re
 
 import jsonschema
+import openai
 import pytest
 
 from client import ServerError, generate_grpc, generate_http
@@ -75,6 +78,15 @@ def blocks_back_to_zero(server, model: str = MODEL) -> None:
     assert m.get("llm_kv_cache_blocks_used", model) == 0
 
 
+@pytest.fixture(scope="module")
+def sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0, timeout=300)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
 def ask_json(server, chat, what: str, schema: dict, model: str = MODEL, **sampling):
     sampling = {"guided_json": schema, "max_tokens": MAX_TOKENS, "temperature": 0, **sampling}
     return generate_grpc(chat(f"Reply in JSON with {what}."), server.grpc_url, model, sampling=sampling)
@@ -85,12 +97,27 @@ def check_json(completion, schema: dict, what: str) -> None:
     jsonschema.validate(json.loads(completion.text), schema)
 
 
-def test_sixteen_concurrent_requests_with_different_schemas(server, chat):
+def test_sixteen_concurrent_requests_with_different_schemas(server, sdk):
+    def ask(what, schema):
+        return sdk.chat.completions.create(
+            model=MODEL, messages=user(f"Reply in JSON with {what}."), temperature=0, max_tokens=MAX_TOKENS,
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+
     server.wait_idle(MODEL)
-    results = run_concurrently(lambda what, schema: ask_json(server, chat, what, schema), SCHEMAS)
+    results = run_concurrently(ask, SCHEMAS)
     raise_first_error(results, "constrained request")
-    for (what, schema), completion in zip(SCHEMAS, results):
-        check_json(completion, schema, what)
+    for (what, schema), reply in zip(SCHEMAS, results):
+        choice = reply.choices[0]
+        assert choice.finish_reason == "stop", (what, choice.message.content)
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    any_object = sdk.chat.completions.create(
+        model=MODEL, messages=user("Give me a JSON object describing a cat with its name and age."), temperature=0,
+        max_tokens=MAX_TOKENS, response_format={"type": "json_object"})
+    choice = any_object.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:  # an object with unbounded strings may run to max_tokens
+        assert choice.message.content.startswith("{") and any_object.usage.completion_tokens == MAX_TOKENS
     blocks_back_to_zero(server)
 
 
@@ -98,35 +125,107 @@ REGEX = r"[A-Z][a-z]{2,9} [0-9]{1,3}(\.[0-9])?"
 CHOICES = ["apple", "banana", "cherry", "durian"]
 
 
-def test_regex_holds_over_twenty_seeded_samples(server, chat):
+def test_regex_holds_over_twenty_seeded_samples(server, sdk):
     def one(seed):
-        return generate_grpc(chat("Name a city and a number."), server.grpc_url, MODEL,
-                             sampling={"guided_regex": REGEX, "max_tokens": 40, "temperature": 1.0, "seed": seed})
+        reply = sdk.chat.completions.create(model=MODEL, messages=user("Name a city and a number."), max_tokens=40,
+                                            temperature=1.0, seed=seed, extra_body={"guided_regex": REGEX})
+        return reply.choices[0]
 
     results = run_concurrently(one, [(seed,) for seed in range(20)])
     raise_first_error(results, "regex request")
-    for completion in results:
-        assert completion.finish_reason == "stop" and re.fullmatch(REGEX, completion.text), completion.text
-    assert len({c.text for c in results}) > 1, "twenty seeds gave one output: sampling did not vary"
+    for choice in results:
+        assert choice.finish_reason == "stop" and re.fullmatch(REGEX, choice.message.content), choice.message
+    assert len({c.message.content for c in results}) > 1, "twenty seeds gave one output: sampling did not vary"
     again = one(5)
-    assert again.text == results[5].text  # seeded
+    assert again.message.content == results[5].message.content  # seeded
     blocks_back_to_zero(server)
 
 
-def test_choice_holds_over_twenty_seeded_samples_and_parallel_samples(server, chat):
+def test_choice_holds_over_twenty_seeded_samples_and_parallel_samples(server, sdk):
     def one(seed):
-        return generate_http(chat("Pick a fruit."), server.http_url, MODEL, exclude_input_in_output=True,
-                             sampling={"structured_outputs": {"choice": CHOICES}, "max_tokens": 10,
-                                       "temperature": 1.5, "seed": seed})
+        reply = sdk.completions.create(model=MODEL, prompt="My favourite fruit is", max_tokens=10, temperature=1.5,
+                                       seed=seed, extra_body={"structured_outputs": {"choice": CHOICES}})
+        return reply.choices[0]
 
     results = run_concurrently(one, [(seed,) for seed in range(20)])
     raise_first_error(results, "choice request")
-    for completion in results:
-        assert completion.finish_reason == "stop" and completion.text in CHOICES, completion.text
-    parallel = generate_grpc(chat("Pick a fruit."), server.grpc_url, MODEL,
-                             sampling={"guided_choice": CHOICES, "n": 4, "temperature": 1.5, "seed": 1})
-    assert len(parallel.samples) == 4
-    assert all(s.finish_reason == "stop" and s.text in CHOICES for s in parallel.samples.values())
+    for choice in results:
+        assert choice.finish_reason == "stop" and choice.text in CHOICES, choice.text
+    parallel = sdk.chat.completions.create(model=MODEL, messages=user("Pick a fruit."), n=4, temperature=1.5,
+                                           seed=1, extra_body={"guided_choice": CHOICES})
+    assert len(parallel.choices) == 4
+    assert all(c.finish_reason == "stop" and c.message.content in CHOICES for c in parallel.choices)
+    blocks_back_to_zero(server)
+
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit", "days"], "properties": {
+    "city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The forecast for a city",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string", "maxLength": 40}}, "required": ["zone"]}}},
+]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+QUESTION = user("What will the weather be in Paris for the next 3 days?")
+
+
+def streamed_tool_calls(sdk, **kw) -> tuple[list[tuple[str, str]], str]:
+    """(name, arguments) of each tool call of a streamed chat answer, and its finish_reason."""
+    calls, finish_reason = {}, None
+    for chunk in sdk.chat.completions.create(model=MODEL, messages=QUESTION, stream=True, **kw):
+        choice = chunk.choices[0]
+        for call in choice.delta.tool_calls or []:
+            assert call.id.startswith("call_") and call.type == "function"
+            calls[call.index] = (call.function.name, call.function.arguments)
+        finish_reason = choice.finish_reason or finish_reason
+    return [calls[i] for i in sorted(calls)], finish_reason
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}],
+                         ids=["required", "named"])
+def test_a_forced_tool_call_returns_valid_arguments_for_the_declared_function(server, sdk, tool_choice):
+    kw = dict(tools=TOOLS, tool_choice=tool_choice, parallel_tool_calls=False, temperature=0, max_tokens=100)
+    reply = sdk.chat.completions.create(model=MODEL, messages=QUESTION, **kw)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice.message
+    [call] = choice.message.tool_calls
+    if isinstance(tool_choice, dict):
+        assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+    assert streamed_tool_calls(sdk, **kw) == ([(call.function.name, call.function.arguments)], "tool_calls")
+    blocks_back_to_zero(server)
+
+
+def test_auto_tool_choice_answers_in_text_or_with_valid_calls(server, sdk):
+    reply = sdk.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=100)
+    choice = reply.choices[0]
+    if choice.message.tool_calls:  # the model chose to call
+        assert choice.finish_reason == "tool_calls"
+        for call in choice.message.tool_calls:
+            assert call.function.name in PARAMETERS and isinstance(json.loads(call.function.arguments), dict)
+    else:
+        assert choice.finish_reason in ("stop", "length") and choice.message.content
+    blocks_back_to_zero(server)
+
+
+@pytest.mark.parametrize("request_kw, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "the JSON schema does not compile"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+      "tool_choice": "required"}, "does not compile"),
+    ({"response_format": {"type": "xml"}}, "response_format.type must be"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "launch"}}}, "not among the tools"),
+    ({"extra_body": {"guided_regex": "[0-9"}}, "the regular expression does not compile"),
+])
+def test_bad_schemas_and_tools_are_400s_through_the_sdk(server, sdk, request_kw, message):
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            reply = sdk.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, stream=stream,
+                                                **request_kw)
+            list(reply) if stream else None
+        assert info.value.status_code == 400 and message in info.value.message
     blocks_back_to_zero(server)
 
 

@@ -9,6 +9,8 @@ from frontend.openai_protocol import parse_chat, parse_completion
 
 SERVED = ["llm", "llm_small_queue"]
 MESSAGES = [{"role": "user", "content": "Hi"}]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER}}
 
 
 def render(messages: list[dict]) -> str:
@@ -78,17 +80,30 @@ def test_completion_prompts_echo_and_logprobs():
     ({"logprobs": True, "top_logprobs": 50}, "top_logprobs", None),
     ({"logprobs": 3}, "logprobs", None),
     ({"logit_bias": {"50256": -100}}, "logit_bias", "unsupported_parameter"),
-    ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+    ({"tools": [{"type": "function"}]}, "tools[0]", None),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name", None),
+    ({"tools": [TOOL, TOOL]}, "tools", None),
+    ({"tools": []}, "tools", None),
+    ({"tool_choice": "required"}, "tool_choice", None),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", None),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", None),
+    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", None),
+    ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type", None),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", None),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}},
+     "response_format.json_schema.schema", None),
     ({"stream_options": {"include_usage": True}}, "stream_options", None),
     ({"stream": True, "stream_options": {"chunk": 1}}, "stream_options.chunk", "unsupported_parameter"),
     ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
     ({"messages": []}, "messages", None),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", None),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", None),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content", None),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls",
-     "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls", None),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]}, "messages[0].tool_calls",
+     None),
+    ({"messages": [{"role": "user", "content": "x", "audio": {}}]}, "messages[0].audio", "unsupported_parameter"),
 ])
 def test_bad_chat_fields_are_400s_naming_the_parameter(body, param, code):
     err = refused(chat, **body)
@@ -121,3 +136,43 @@ def test_model_is_required_and_must_be_served():
 
 def test_body_must_be_an_object():
     assert refused(lambda: parse_completion(["prompt"], SERVED, 8)).status == 400
+
+
+def test_response_format_becomes_a_structured_output_key():
+    assert chat(response_format={"type": "text"}).sampling == {"max_tokens": 256}
+    assert chat(response_format={"type": "json_object"}).sampling["guided_json_object"] is True
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    spec = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    assert chat(response_format=spec).sampling["guided_json"] == schema
+    assert chat(response_format={"type": "json_schema", "json_schema": {"name": "any"}}).sampling[
+        "guided_json_object"] is True
+    assert chat(guided_regex="a+").sampling["guided_regex"] == "a+"  # vLLM's extras pass through
+    assert completion(guided_choice=["x", "y"]).sampling["guided_choice"] == ["x", "y"]
+    err = refused(chat, guided_regex="a", guided_choice=["a"])  # the engine's own rule
+    assert err.status == 400 and "at most one output constraint" in err.message
+
+
+def test_tools_are_listed_in_the_system_message_and_forced_calls_are_a_grammar():
+    auto = chat(tools=[TOOL])
+    assert auto.tool_calling.choice == "auto" and "guided_grammar" not in auto.sampling
+    assert auto.prompts[0].startswith("system: You may call one or more functions")
+    assert '"name": "get_weather"' in auto.prompts[0] and auto.prompts[0].endswith("user: Hi\nassistant:")
+    required = chat(tools=[TOOL], tool_choice="required")
+    assert required.tool_calling.choice == "required" and 'call: "<tool_call>\\n" %json' in \
+        required.sampling["guided_grammar"]
+    named = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.tool_calling.choice == "get_weather" and "guided_grammar" in named.sampling
+    none = chat(tools=[TOOL], tool_choice="none")
+    assert none.tool_calling is None and none.prompts == ["user: Hi\nassistant:"]
+
+
+def test_earlier_tool_calls_and_results_are_written_into_the_conversation():
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
+    g = parse_chat({"model": "llm", "messages": history, "tools": [TOOL]}, SERVED, 8, render)
+    prompt = g.prompts[0]
+    assert prompt.startswith("system: Be brief.\n\nYou may call")
+    assert 'assistant: <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' in prompt
+    assert prompt.endswith("user: <tool_response>\n-3 C\n</tool_response>\nassistant:")
