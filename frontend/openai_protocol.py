@@ -98,8 +98,11 @@ def parse_chat(body: Any, served: list[str], default_max_tokens: int,
         raise bad_request(f"logprobs must be a boolean, got {body['logprobs']!r}", "logprobs")
     prompt = render_chat(conversation(_messages(body.get("messages")), tool_calling))
     names = {"max_tokens": "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
-             "logprobs": "top_logprobs", "guided_json": "response_format", "guided_json_object": "response_format",
-             "guided_grammar": "tools"}
+             "logprobs": "top_logprobs"}
+    if "response_format" in body:
+        names.update(guided_json="response_format", guided_json_object="response_format")
+    if tool_calling is not None:
+        names["guided_grammar"] = "tools"
     generation = _generation(body, model, [prompt], max_tokens, logprobs, False, names, constraint)
     generation.tool_calling = tool_calling
     return generation

@@ -267,6 +267,7 @@ class OpenAIChatUser(_LLMUser):
     tokens (one token, or more with speculative decoding); the token counts come from the usage chunk."""
 
     request_type = "openai_chat"
+    drop_after_chunks = 0  # > 0: close the connection after this many content chunks (a client that goes away)
 
     def call(self, prompt: str, params: dict) -> Completion:
         url = urllib.parse.urlsplit(self.options.openai_url or _default_openai_url(self.host))
@@ -293,6 +294,8 @@ class OpenAIChatUser(_LLMUser):
                     if text or choice["finish_reason"]:
                         chunks.append(Chunk(text=text, finish_reason=choice["finish_reason"],
                                             received_at=time.perf_counter()))
+                if self.drop_after_chunks and len(chunks) >= self.drop_after_chunks:
+                    return Completion.from_chunks(chunks, started)  # the connection closes below, mid-stream
         finally:
             conn.close()
         if usage is None:

@@ -1,15 +1,16 @@
 """Soak test (not in CI): N minutes at saturation against a server of its own, with a mix of users of which
 a share cancel or drop their connection mid-stream; reports failures (anything but the intended
-cancellations), the server's RSS over time (tritonserver and its Python stubs), TTFT p50/p99 per minute, and
-whether `llm_kv_cache_blocks_used` is back to 0 at the end. Writes a Markdown report, the raw samples (JSON)
-and a plot (PNG) under loadtest/results/.
+cancellations), the server's RSS over time (tritonserver, its Python stubs and the OpenAI front door), TTFT
+p50/p99 per minute, and whether `llm_kv_cache_blocks_used` is back to 0 at the end. It starts tritonserver
+and the front door on free ports. Writes a Markdown report, the raw samples (JSON) and a plot (PNG) under
+loadtest/results/.
 
     .venv/bin/python loadtest/soak.py --minutes 10 --users 16
     .venv/bin/python loadtest/soak.py --mix GrpcStreamUser:3,HttpStreamUser:2,CancellingGrpcUser:1
 
 The user mix is pluggable: `--mix NAME:WEIGHT,...` picks from USER_CLASSES (the load test's users and the
-cancelling ones below); `--user-module pkg.module` adds the Locust User classes a module exports (e.g. an
-OpenAI-API user) to the names `--mix` can use.
+cancelling and dropping ones below, OpenAI users included); `--user-module pkg.module` adds the Locust User
+classes a module exports to the names `--mix` can use.
 """
 from __future__ import annotations
 
@@ -39,10 +40,12 @@ from locust.env import Environment  # noqa: E402
 import serve  # noqa: E402
 from client.api import Completion, GrpcStream, stream_http  # noqa: E402
 from loadtest import locustfile  # noqa: E402
-from loadtest.locustfile import GrpcStreamUser, HttpGenerateUser, HttpStreamUser, _http_url  # noqa: E402
+from loadtest.locustfile import (  # noqa: E402
+    GrpcStreamUser, HttpGenerateUser, HttpStreamUser, OpenAIChatUser, _http_url,
+)
 
 RESULTS_DIR = REPO_ROOT / "loadtest" / "results"
-CANCEL_TYPES = ("grpc_cancel", "http_drop")
+CANCEL_TYPES = ("grpc_cancel", "http_drop", "openai_drop")
 SAMPLE_INTERVAL_S = 5.0
 WARMUP_S = 60.0
 KV_METRIC = "llm_kv_cache_blocks_used"
@@ -88,11 +91,22 @@ class DroppingHttpStreamUser(HttpStreamUser):
         pass
 
 
+class DroppingOpenAIUser(OpenAIChatUser):
+    """Streams a chat completion from the OpenAI front door, then drops the connection after a few chunks."""
+
+    request_type = "openai_drop"
+    drop_after_chunks = 3
+
+    def check(self, completion, max_tokens):
+        pass
+
+
 USER_CLASSES: dict[str, type] = {
-    cls.__name__: cls for cls in (GrpcStreamUser, HttpStreamUser, HttpGenerateUser, CancellingGrpcUser,
-                                  DroppingHttpStreamUser)
+    cls.__name__: cls for cls in (GrpcStreamUser, HttpStreamUser, HttpGenerateUser, OpenAIChatUser,
+                                  CancellingGrpcUser, DroppingHttpStreamUser, DroppingOpenAIUser)
 }
-DEFAULT_MIX = "GrpcStreamUser:3,HttpStreamUser:3,HttpGenerateUser:2,CancellingGrpcUser:1,DroppingHttpStreamUser:1"
+DEFAULT_MIX = ("GrpcStreamUser:3,HttpStreamUser:2,HttpGenerateUser:2,OpenAIChatUser:3,CancellingGrpcUser:1,"
+               "DroppingHttpStreamUser:1,DroppingOpenAIUser:1")
 
 
 def user_mix(spec: str, modules: list[str]) -> list[type]:
@@ -127,15 +141,15 @@ class Recorder:
                               "ms": response_time, "tokens": response_length,
                               "error": None if exception is None else str(exception)[:300]})
 
-    def sample(self, proc: psutil.Process, metrics_url: str, model: str) -> None:
+    def sample(self, processes: list[psutil.Process], metrics_url: str, model: str) -> None:
         values = scrape(metrics_url, model)
-        self.samples.append({"t": time.monotonic() - self.started, "rss_mb": rss_mb(proc), **values})
+        self.samples.append({"t": time.monotonic() - self.started, "rss_mb": rss_mb(processes), **values})
 
 
-def rss_mb(proc: psutil.Process) -> float:
-    """Resident memory of the server and its children (the Python stubs), MiB."""
+def rss_mb(processes: list[psutil.Process]) -> float:
+    """Resident memory of the processes and their children (tritonserver's Python stubs), MiB."""
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in [q for proc in processes for q in (proc, *proc.children(recursive=True))]:
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -199,7 +213,7 @@ def plot(rec: Recorder, summary: dict, path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     t = [s["t"] / 60 for s in rec.samples]
-    ax1.plot(t, [s["rss_mb"] for s in rec.samples], label="server RSS (MiB, tritonserver + stubs)")
+    ax1.plot(t, [s["rss_mb"] for s in rec.samples], label="server RSS (MiB, tritonserver + stubs + front door)")
     ax1.axvline(WARMUP_S / 60, color="grey", linestyle=":", label="end of warm-up")
     ax1.set_ylabel("MiB")
     kv = ax1.twinx()
@@ -282,12 +296,19 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or time.strftime("soak-%Y%m%dT%H%MZ", time.gmtime())
     with serve.running_server(args.model_repository, out / f"{stem}.server.log") as srv:
-        return run(args, classes, srv, out, stem)
+        port = serve.free_port()
+        frontend = serve.start_frontend(srv.grpc_url, port, out / f"{stem}.frontend.log", models=[args.model],
+                                        metrics_url=srv.metrics_url)
+        try:
+            serve.wait_until_frontend_ready(port, frontend)
+            return run(args, classes, srv, frontend, out, stem)
+        finally:
+            serve.stop_server(frontend, timeout_s=10)
 
 
-def run(args, classes, srv, out: Path, stem: str) -> int:
+def run(args, classes, srv, frontend, out: Path, stem: str) -> int:
     options = argparse.Namespace(
-        grpc_url=srv.grpc_url, model=args.model, prompts_file="", input_words="", max_tokens_dist="uniform",
+        grpc_url=srv.grpc_url, openai_url=f"http://127.0.0.1:{frontend.port}/v1", model=args.model, prompts_file="", input_words="", max_tokens_dist="uniform",
         max_tokens_min=args.max_tokens_min, max_tokens_max=args.max_tokens_max, ignore_file_max_tokens=False,
         ignore_eos="true", temperature=0.0, wait_time=0.0, request_timeout=600.0, failure_backoff=0.1,
         throughput_interval=0.0, workload_seed=1,
@@ -296,7 +317,7 @@ def run(args, classes, srv, out: Path, stem: str) -> int:
                       events=locustfile.events)
     rec = Recorder()
     env.events.request.add_listener(rec.on_request)
-    server = psutil.Process(srv.proc.pid)
+    server = [psutil.Process(srv.proc.pid), psutil.Process(frontend.pid)]
     runner = env.create_local_runner()
     env.events.test_start.fire(environment=env)
 
