@@ -51,30 +51,35 @@ WARMUP_S = 60.0
 KV_METRIC = "llm_kv_cache_blocks_used"
 
 
-class CancellingGrpcUser(GrpcStreamUser):
-    """Streams over gRPC, then cancels after a few responses (stop_stream(cancel_requests=True))."""
+RESPONSES_BEFORE_LEAVING = 3
 
-    request_type = "grpc_cancel"
-    responses_before_cancel = 3
 
-    def call(self, prompt, params):
-        stream = GrpcStream(prompt, self.grpc_url, self.options.model, stream=True,
-                            timeout_s=self.options.request_timeout, **params)
-        for i, _chunk in enumerate(stream):
-            if i + 1 >= self.responses_before_cancel:
-                stream.cancel()
-                break
-        return Completion.from_chunks(stream.chunks, stream.started_at)
+class _LeavesMidStream:
+    """A user that cancels or drops its stream on purpose: its answer is cut short, so nothing is checked."""
 
     def check(self, completion, max_tokens):
         pass
 
 
-class DroppingHttpStreamUser(HttpStreamUser):
+class CancellingGrpcUser(_LeavesMidStream, GrpcStreamUser):
+    """Streams over gRPC, then cancels after a few responses (stop_stream(cancel_requests=True))."""
+
+    request_type = "grpc_cancel"
+
+    def call(self, prompt, params):
+        stream = GrpcStream(prompt, self.grpc_url, self.options.model, stream=True,
+                            timeout_s=self.options.request_timeout, **params)
+        for i, _chunk in enumerate(stream):
+            if i + 1 >= RESPONSES_BEFORE_LEAVING:
+                stream.cancel()
+                break
+        return Completion.from_chunks(stream.chunks, stream.started_at)
+
+
+class DroppingHttpStreamUser(_LeavesMidStream, HttpStreamUser):
     """Streams over HTTP (server-sent events), then drops the connection after a few events."""
 
     request_type = "http_drop"
-    responses_before_drop = 3
 
     def call(self, prompt, params):
         chunks, started = [], time.perf_counter()
@@ -82,23 +87,17 @@ class DroppingHttpStreamUser(HttpStreamUser):
                              timeout_s=self.options.request_timeout, **params)
         for chunk in events:
             chunks.append(chunk)
-            if len(chunks) >= self.responses_before_drop:
+            if len(chunks) >= RESPONSES_BEFORE_LEAVING:
                 break
         events.close()  # closes the socket mid-stream
         return Completion.from_chunks(chunks, started)
 
-    def check(self, completion, max_tokens):
-        pass
 
-
-class DroppingOpenAIUser(OpenAIChatUser):
+class DroppingOpenAIUser(_LeavesMidStream, OpenAIChatUser):
     """Streams a chat completion from the OpenAI front door, then drops the connection after a few chunks."""
 
     request_type = "openai_drop"
-    drop_after_chunks = 3
-
-    def check(self, completion, max_tokens):
-        pass
+    drop_after_chunks = RESPONSES_BEFORE_LEAVING
 
 
 USER_CLASSES: dict[str, type] = {
