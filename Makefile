@@ -3,11 +3,13 @@
 #   make venv     .venv from Debian's /usr/bin/python3.11 + requirements.txt (pinned, hash-checked)
 #   make model    models/smollm2-135m-instruct/ (HF safetensors folder converted from the GGUF)
 #   make triton   .triton/backends/ (Triton backend directory assembled from the nvidia-pytriton wheel)
+#   make kernels  .cache/kernels/ (our C++ low-bit kernels, built with torch's extension tooling)
+#   make weights  .cache/weights/ (the model's GGUF blocks, checked and packed for the kernels)
 #   make serve    run tritonserver and the OpenAI front door in the foreground (HTTP_PORT=8000 GRPC_PORT=8001
 #                 METRICS_PORT=8002 OPENAI_PORT=9000); one Ctrl-C stops both
 #   make test     .venv/bin/python -m pytest tests $(PYTEST_ARGS)   (after make browser)
 #   make browser  Debian's chromium for the web page's browser test, when missing and apt-get can run
-#   make clean    remove .venv and .triton (keeps models/);  make clean-all also removes models/
+#   make clean    remove .venv, .triton and .cache (keeps models/);  make clean-all also removes models/
 #
 # Every target is idempotent: finished work is skipped (stamp files / existing outputs).
 
@@ -26,23 +28,25 @@ PYTEST_ARGS  ?=
 
 VENV_PY      := $(VENV)/bin/python
 VENV_STAMP   := $(VENV)/.requirements.stamp
-MODEL_STAMP  := $(MODEL_DIR)/model.safetensors
+MODEL_STAMP  := $(MODEL_DIR)/model.gguf
 TRITON_STAMP := $(TRITON_DIR)/backends/python/triton_python_backend_stub
+KERNEL_STAMP := .cache/kernels/built.stamp
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
 
-.PHONY: help venv model triton setup serve test browser clean clean-all
+.PHONY: help venv model triton kernels weights setup serve test browser clean clean-all
 
 help:
-	@sed -n '2,12p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
 
 venv: $(VENV_STAMP)
 model: $(MODEL_STAMP)
 triton: $(TRITON_STAMP)
-setup: venv model triton
+kernels: $(KERNEL_STAMP)
+setup: venv model triton kernels weights
 
 # Re-runs (and re-installs) whenever requirements.txt changes.
 $(VENV_STAMP): requirements.txt
@@ -58,6 +62,18 @@ $(VENV_STAMP): requirements.txt
 $(MODEL_STAMP): scripts/prepare_model.py | $(VENV_STAMP)
 	$(VENV_PY) scripts/prepare_model.py $(MODEL_DIR)
 	@test -f $@ || { echo "error: $@ was not produced" >&2; exit 1; }; touch $@
+
+# The C++ low-bit kernels (backend/kernels/lowbit.cpp), built once per source hash into .cache/kernels; one
+# build serves every x86 CPU (the instruction set is chosen at run time). Where it cannot build, the server
+# runs the pure-torch path and says so in its load log.
+$(KERNEL_STAMP): $(wildcard backend/kernels/*.cpp) backend/kernels/__init__.py | $(VENV_STAMP)
+	$(VENV_PY) -m backend.kernels
+	@mkdir -p $(@D) && touch $@
+
+# The model's GGUF blocks, checked against its fp32 weights and packed for the kernel, into .cache/weights
+# (keyed by the files and the code; a few seconds when already there), so that servers start without it.
+weights: model kernels
+	$(VENV_PY) -m backend.gguf_weights $(MODEL_DIR)
 
 # Backend directory: the wheel's backends/* plus the stub for the venv's Python version.
 $(TRITON_STAMP): $(VENV_STAMP)
@@ -77,11 +93,11 @@ $(TRITON_STAMP): $(VENV_STAMP)
 	rm -rf $(TRITON_DIR)/backends && mv $(TRITON_DIR)/backends.tmp $(TRITON_DIR)/backends
 	@touch $@
 
-serve: venv model triton
+serve: venv model triton kernels weights
 	$(VENV_PY) scripts/serve.py --model-repository $(MODEL_REPOSITORY) \
 	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
 
-test: venv model triton browser
+test: venv model triton kernels weights browser
 	$(VENV_PY) -m pytest tests $(PYTEST_ARGS)
 
 # tests/integration/test_web_page.py drives a real headless browser. Where none is found ($$CHROMIUM or
@@ -98,7 +114,7 @@ browser:
 	  || echo "warning: installing chromium failed; the browser test will fail" >&2
 
 clean:
-	rm -rf $(VENV) $(TRITON_DIR) .pytest_cache
+	rm -rf $(VENV) $(TRITON_DIR) .cache .pytest_cache
 
 clean-all: clean
 	rm -rf models

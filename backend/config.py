@@ -12,7 +12,7 @@ class ConfigError(ValueError):
 
 _DTYPES = ("float32", "bfloat16", "float16")
 MODEL_IMPLS = ("auto", "fused", "hf")
-QUANTIZATIONS = ("none", "int4", "int8")
+QUANTIZATIONS = ("auto", "gguf", "q8_0", "int4", "int8", "none")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -23,13 +23,22 @@ class EngineConfig:
     dtype: str = "auto"  # "auto": bfloat16 where the hardware computes it natively, else float32
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     model_impl: str = "auto"  # "auto", "fused" (Llama-family fast path) or "hf" (Hugging Face's modules)
-    quantization: str = "none"  # "none", "int4" or "int8": weight-only low-bit copies for small batches
+    # "auto" (exact GGUF blocks where the model has them and our kernel runs, else int4 over native bf16, else
+    # none), "gguf" (the model's own Q4_1/Q8_0 blocks, fp32 activations), "q8_0" (re-quantized, fp32
+    # activations), "int4"/"int8" (bf16 activations), "none" (dense)
+    quantization: str = "auto"
+    # low-bit weights serve steps of up to this many rows, larger steps run dense; 0: measured defaults
+    # (model_runner.LOWBIT_ROWS)
+    max_lowbit_rows: int = 0
     draft_model: str = ""  # a folder, "self", "ngram", or "" for no speculation
     draft_dtype: str = "bfloat16"
     num_speculative_tokens: int = 0
     ngram_min: int = 1
     ngram_max: int = 4
     spec_max_batch_size: int = 8  # speculation turns off for a step whose batch is larger
+    spec_adaptive: bool = False  # each sequence's draft length follows its acceptance (spec_policy.py)
+    spec_min_acceptance: float = 0.3  # adaptive: a sequence accepting less stops drafting until a probe
+    spec_probe_interval: int = 8  # adaptive: decode steps between probes of a sequence that stopped drafting
     block_size: int = 16
     kv_cache_blocks: int = 0  # 0: derive from kv_cache_memory_bytes
     kv_cache_memory_bytes: int = 256 * 1024 * 1024
@@ -83,6 +92,12 @@ class EngineConfig:
             raise ConfigError(
                 f"parameter 'quantization' must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}"
             )
+        if self.quantization == "gguf" and not (Path(self.model) / "model.gguf").is_file():
+            raise ConfigError(
+                "parameter 'quantization' is 'gguf' but the model folder has no model.gguf (the GGUF it was "
+                "converted from; scripts/prepare_model.py keeps it there); use 'auto', 'q8_0' or 'none'"
+            )
+        _check_range("max_lowbit_rows", self.max_lowbit_rows, 0, 4096)
         if self.draft_model not in ("", "self", "ngram") and not (Path(self.draft_model) / "config.json").exists():
             raise ConfigError(
                 f"parameter 'draft_model' must be a model folder, 'self', 'ngram' or empty, got {self.draft_model!r}"
@@ -91,6 +106,11 @@ class EngineConfig:
         _check_range("ngram_min", self.ngram_min, 1, 64)
         _check_range("ngram_max", self.ngram_max, self.ngram_min, 64)
         _check_range("spec_max_batch_size", self.spec_max_batch_size, 1, 4096)
+        if not 0.0 <= self.spec_min_acceptance <= 1.0:
+            raise ConfigError(
+                f"parameter 'spec_min_acceptance' must be between 0 and 1, got {self.spec_min_acceptance}"
+            )
+        _check_range("spec_probe_interval", self.spec_probe_interval, 1, 1 << 20)
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
             raise ConfigError(f"parameter 'block_size' must be a power of two from 1 to 256, got {self.block_size}")
         _check_range("kv_cache_blocks", self.kv_cache_blocks, 0, 1 << 24)
@@ -121,4 +141,9 @@ def _parse_value(name: str, type_name: str, raw: str):
             return int(raw)
         except ValueError:
             raise ConfigError(f"parameter '{name}' must be an integer, got {raw!r}") from None
+    if type_name == "float":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"parameter '{name}' must be a number, got {raw!r}") from None
     return raw

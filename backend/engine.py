@@ -17,7 +17,8 @@ from .block_manager import BlockManager
 from .config import ConfigError, EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .fault_injection import FaultInjector
-from .hardware import resolve_dtype, resolve_quantization, serving_threads
+from . import kernels
+from .hardware import resolve_for_model, serving_threads
 from .metrics import EngineMetrics
 from .model_runner import DTYPES, ForwardItem, ModelRunner
 from .output_processor import OutputProcessor
@@ -38,9 +39,8 @@ PROMPT_BYTES_PER_TOKEN = 16
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, metrics: EngineMetrics | None = None):
-        dtype, why_dtype = resolve_dtype(config.dtype, config.device)
-        quantization, why_quantization = resolve_quantization(config.quantization, dtype, config.device)
-        log.info("dtype %s (%s); quantization %s (%s)", dtype, why_dtype, quantization, why_quantization)
+        self.requested_quantization = config.quantization  # the draft model resolves its own from it
+        dtype, quantization = _resolve_weights(config, config.model, config.dtype, config.quantization)
         config = self.config = dataclasses.replace(config, dtype=dtype, quantization=quantization)
         self.metrics = metrics or EngineMetrics()
         torch.set_num_threads(config.num_threads or serving_threads())
@@ -56,8 +56,9 @@ class LLMEngine:
             raise ConfigError("parameter 'kv_cache_memory_bytes' is too small for a single KV block")
         self.runner = ModelRunner(
             config.model, config.dtype, config.block_size, num_blocks, config.device, config.model_impl,
-            config.quantization,
+            config.quantization, config.max_lowbit_rows,
         )
+        log.info("model path %s; linear layers: %s", self.runner.impl, self.runner.kernel)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)  # the engine thread's (decoding)
         self.input_tokenizer = AutoTokenizer.from_pretrained(config.model)  # callers' thread (encoding)
         self.eos_token_ids = _eos_token_ids(config.model, self.tokenizer)
@@ -98,9 +99,13 @@ class LLMEngine:
         if config.draft_model == "ngram":
             return NgramProposer(config.ngram_min, config.ngram_max)
         path = config.model if config.draft_model == "self" else config.draft_model
-        quantization, _ = resolve_quantization(config.quantization, config.draft_dtype, config.device)
+        requested = self.requested_quantization
+        if requested in ("gguf", "q8_0") and config.draft_dtype != "float32":
+            requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows
+        dtype, quantization = _resolve_weights(config, path, config.draft_dtype, requested)
         runner = ModelRunner(
-            path, config.draft_dtype, config.block_size, num_blocks, config.device, config.model_impl, quantization
+            path, dtype, config.block_size, num_blocks, config.device, config.model_impl, quantization,
+            config.max_lowbit_rows,
         )
         if runner.shape.vocab_size < self.vocab_size:
             raise ConfigError(
@@ -296,3 +301,15 @@ def _eos_token_ids(model_path: str, tokenizer) -> set[int]:
         elif isinstance(value, list):
             ids.update(value)
     return ids
+
+
+def _resolve_weights(config: EngineConfig, model: str, dtype: str, quantization: str) -> tuple[str, str]:
+    """The dtype and weight kind that `model` is served in, logged with the reason."""
+    try:
+        dtype, quantization, why, isa = resolve_for_model(model, dtype, quantization, config.device)
+    except ValueError as exc:
+        raise ConfigError(f"parameter 'quantization': {exc}") from None
+    log.info("%s: dtype %s, quantization %s (%s; kernel instruction set: %s)", model, dtype, quantization, why,
+             kernels.ISA_NAMES[isa])
+    return dtype, quantization
+

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import kernels
 from .linear import DenseLinear, make_linear
 from .paged_attention import AttentionMetadata, paged_attention
+from .weight_blocks import Packed
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -51,7 +53,11 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class FusedLlama:
-    def __init__(self, hf_model, quantization: str = "none"):
+    """`blocks` (Hugging Face parameter name -> packed GGUF blocks, see `gguf_weights.py`) are served by the low-bit
+    kernel on instruction set `isa` for steps of up to `max_m` rows; other weights follow `quantization`."""
+
+    def __init__(self, hf_model, quantization: str = "none", blocks: dict[str, Packed] | None = None,
+                 isa: int = 0, max_m: int = 8, use_layer_ops: bool = True):
         config = hf_model.config
         inner = hf_model.model
         self.num_heads = config.num_attention_heads
@@ -63,30 +69,67 @@ class FusedLlama:
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm.weight
-        self.layers = [self._fuse(layer, quantization) for layer in inner.layers]
-        # The LM head stays dense: tied to the embedding, it holds the GGUF's 8-bit (Q8_0) grid, which neither
-        # low-bit kind represents; re-quantized per row it turned near-ties into wrong tokens (measured).
-        self.lm_head = make_linear([hf_model.lm_head.weight], [None])
+        names = {id(p): n for n, p in hf_model.named_parameters(remove_duplicate=False)}
+        blocks = blocks or {}
 
-    @staticmethod
-    def _fuse(layer, quantization: str) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        return _Layer(
-            input_norm=layer.input_layernorm.weight,
-            qkv=make_linear([p.weight for p in projections], [p.bias for p in projections], quantization),
-            o_proj=make_linear([attn.o_proj.weight], [attn.o_proj.bias], quantization),
-            post_norm=layer.post_attention_layernorm.weight,
-            gate_up=make_linear(
-                [mlp.gate_proj.weight, mlp.up_proj.weight], [mlp.gate_proj.bias, mlp.up_proj.bias], quantization
-            ),
-            down=make_linear([mlp.down_proj.weight], [mlp.down_proj.bias], quantization),
-        )
+        def linear(modules, kind: str = quantization):
+            weights = [m.weight for m in modules]
+            return make_linear(weights, [m.bias for m in modules], kind, max_m,
+                               [blocks.get(names[id(w)]) for w in weights], isa)
+
+        self.layers = [
+            _Layer(
+                input_norm=layer.input_layernorm.weight,
+                qkv=linear((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)),
+                o_proj=linear((layer.self_attn.o_proj,)),
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=linear((layer.mlp.gate_proj, layer.mlp.up_proj)),
+                down=linear((layer.mlp.down_proj,)),
+            )
+            for layer in inner.layers
+        ]
+        # Without blocks the LM head stays dense: tied to the embedding, it holds the GGUF's 8-bit (Q8_0) grid,
+        # which neither int4 nor int8 represents; re-quantized per row it turned near-ties into wrong tokens
+        # (measured). With the GGUF's own Q8_0 blocks it is exact.
+        self.lm_head = linear((hf_model.lm_head,), "none")
+        # Our C++ layer ops (fp32 on the CPU) for steps of short queries; None: torch ops only.
+        fp32_cpu = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
+        self.ops = kernels.load() if fp32_cpu and use_layer_ops else None
+
+    def linear_layers(self) -> list[DenseLinear]:
+        """Every linear layer a step runs, in order, LM head last."""
+        return [lin for layer in self.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [
+            self.lm_head]
+
+    def _forward_short(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """`forward` for a step of decodes and verifications: per layer five calls into our kernels (norms fused
+        with the residual adds, RoPE with the KV write and attention over the blocks in place, SiLU with the
+        product) between the four projections."""
+        ops, eps = self.ops, self.eps
+        hidden = F.embedding(input_ids, self.embed)
+        cos, sin = self.rotary(hidden, positions[None])
+        cos, sin = cos[0], sin[0]
+        normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
+        for index, layer in enumerate(self.layers):
+            attended = ops.rope_paged_attention(
+                layer.qkv(normed), cos, sin, meta.kv_cache[index], meta.slot_mapping, positions, meta.row_seq,
+                meta.block_tables, self.num_heads, self.num_kv_heads, self.scale,
+            )
+            normed = ops.add_rms_norm(hidden, layer.o_proj(attended), layer.post_norm, eps)
+            delta = layer.down(ops.silu_mul(layer.gate_up(normed)))
+            if index + 1 < len(self.layers):
+                normed = ops.add_rms_norm(hidden, delta, self.layers[index + 1].input_norm, eps)
+        last = hidden[keep]
+        return self.lm_head(ops.add_rms_norm(last, delta[keep], self.final_norm, eps))
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
     ) -> torch.Tensor:
         """input_ids, positions [T] of the flat batch; returns logits [len(keep), vocab] of the rows `keep`."""
+        if self.ops is not None and meta.block_tables is not None:
+            return self._forward_short(input_ids, positions, meta, keep)
         total = input_ids.shape[0]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_heads = heads + kv_heads

@@ -1,4 +1,5 @@
-"""What the machine computes fast: resolves `dtype: auto` and whether weight-only quantization applies.
+"""What the machine computes fast: resolves `dtype: auto`, `quantization: auto` and whether weight-only
+quantization applies.
 
 Each answer comes with the reason, for the load log."""
 from __future__ import annotations
@@ -13,7 +14,7 @@ _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # x86: native bf16 dot products
 _ARM_BF16_FEATURE = "bf16"  # aarch64: BFDOT/BFMMLA
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags_of_this_machine() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -31,7 +32,7 @@ def native_bf16(device: str, cpu_flags: set[str] | None = None) -> tuple[bool, s
     if device.startswith("cuda"):
         supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return supported, f"CUDA device {'supports' if supported else 'does not support'} bfloat16"
-    flags = _cpu_flags() if cpu_flags is None else cpu_flags
+    flags = cpu_flags_of_this_machine() if cpu_flags is None else cpu_flags
     found = [f for f in _BF16_CPU_FLAGS if f in flags]
     if not found and platform.machine() in ("aarch64", "arm64") and _ARM_BF16_FEATURE in flags:
         found = [_ARM_BF16_FEATURE]
@@ -48,15 +49,46 @@ def resolve_dtype(requested: str, device: str, cpu_flags: set[str] | None = None
     return ("bfloat16", f"auto: {why}") if bf16 else ("float32", f"auto: {why}, so bf16 would be emulated")
 
 
-def resolve_quantization(requested: str, dtype: str, device: str) -> tuple[str, str]:
-    """(quantization, reason): the weight-only kernels are CPU kernels over bfloat16 activations."""
-    if requested == "none":
-        return "none", "set in the configuration"
-    if device != "cpu":
-        return "none", f"{requested} weights use CPU kernels; dense weights on {device}"
-    if dtype != "bfloat16":
-        return "none", f"{requested} weights need dtype bfloat16 (the dtype is {dtype}); dense weights instead"
-    return requested, "set in the configuration"
+# Measured through Triton on an AVX512_BF16 CPU without AMX (docs/benchmarks.md): the exact GGUF path beat
+# bf16 + int4 at 1, 8 and 32 streams, so `auto` takes it there too. Only on AMX, where bf16 matmuls are
+# several times cheaper again, does bf16 + int4 remain the default.
+_BF16_BEATS_GGUF_FLAGS = ("amx_bf16",)
+_FP32_KINDS = ("gguf", "q8_0")  # low-bit weights with fp32 activations (our kernel)
+_BF16_KINDS = ("int4", "int8")  # low-bit weights with bf16 activations (torch's kernels)
+
+
+def resolve_weights(
+    dtype: str, quantization: str, device: str, has_gguf: bool, kernel_isa: int, cpu_flags: set[str] | None = None
+) -> tuple[str, str, str]:
+    """(dtype, quantization, reason). `quantization: auto` serves a model's own GGUF blocks exactly (fp32
+    activations, our kernel) where the kernel runs, except on CPUs where bf16 + int4 measured faster; without
+    blocks it is int4 over bf16 where bf16 is native, else dense."""
+    flags = cpu_flags_of_this_machine() if cpu_flags is None else cpu_flags
+    if quantization == "auto":
+        if device != "cpu":
+            dtype, why = resolve_dtype(dtype, device, flags)
+            return dtype, "none", f"auto: dense weights on {device}; dtype {why}"
+        bf16_faster = [f for f in _BF16_BEATS_GGUF_FLAGS if f in flags]
+        if has_gguf and kernel_isa and dtype in ("auto", "float32") and not (dtype == "auto" and bf16_faster):
+            return "float32", "gguf", "auto: the model's own GGUF blocks, exact, with fp32 activations"
+        dtype, why = resolve_dtype(dtype, device, flags)
+        if dtype == "bfloat16":
+            reason = f"the CPU has {bf16_faster[0]}, where bf16 + int4 measured faster" if bf16_faster and has_gguf \
+                else "no GGUF blocks or no low-bit kernel"
+            return dtype, "int4", f"auto: {reason}; dtype {why}"
+        return dtype, "none", f"auto: no GGUF blocks or no low-bit kernel, dense weights; dtype {why}"
+    if quantization in _FP32_KINDS:
+        if dtype not in ("auto", "float32"):
+            raise ValueError(f"quantization {quantization} computes in float32; dtype {dtype} was set")
+        if device != "cpu":
+            return "float32", "none", f"{quantization} weights use CPU kernels; dense weights on {device}"
+        return "float32", quantization, "set in the configuration"
+    dtype, why = resolve_dtype(dtype, device, flags)
+    if quantization in _BF16_KINDS and device != "cpu":
+        return dtype, "none", f"{quantization} weights use CPU kernels; dense weights on {device}; dtype {why}"
+    if quantization in _BF16_KINDS and dtype != "bfloat16":
+        return dtype, "none", f"{quantization} weights need dtype bfloat16 (the dtype is {dtype}); dtype {why}"
+    return dtype, quantization, f"set in the configuration; dtype {why}"
 
 
 def serving_threads() -> int:
@@ -68,3 +100,14 @@ def serving_threads() -> int:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     return max(1, cores - 1)
+
+
+def resolve_for_model(model_dir: str, dtype: str, quantization: str, device: str) -> tuple[str, str, str, int]:
+    """`resolve_weights` for a model folder on this machine: (dtype, quantization, reason, kernel isa)."""
+    from . import kernels
+    from .gguf_weights import find_gguf
+
+    has_gguf = find_gguf(model_dir) is not None
+    isa = kernels.best_isa() if device == "cpu" and (has_gguf or quantization in _FP32_KINDS) else 0
+    return (*resolve_weights(dtype, quantization, device, has_gguf, isa), isa)
+

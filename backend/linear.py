@@ -6,11 +6,18 @@ are concatenated into one matmul, and bf16 weights on the CPU are reordered into
 docs/benchmarks.md). The quantized kinds keep weight-only low-bit copies for the small-M steps that batch-1
 decoding runs, where reading the weights bounds the step, and fall back to the dense weights for large M
 (prefill chunks, big batches), where the dense bf16 GEMM is faster than de-quantizing.
+
+`LowBitLinear` is the exact path: the model's own GGUF blocks (Q4_1 / Q8_0, see `weight_blocks.py`) read by
+our C++ kernel (`kernels/lowbit.cpp`) with fp32 activations and accumulation, so it computes the fp32 model up
+to summation order while reading a seventh of its bytes. Its pure-torch fallback is the dense fp32 weight.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from . import kernels
+from .weight_blocks import FORMATS, Packed
 
 GROUP_SIZE = 32  # the GGUF Q4_1 / Q8_0 block: weights share a scale (and Q4_1 an offset) per 32 inputs
 
@@ -81,15 +88,42 @@ class Int8Linear(DenseLinear):
         return out if self.bias is None else out + self.bias
 
 
+class LowBitLinear(DenseLinear):
+    """fp32 activations times weights in GGUF blocks, on the instruction set `isa` (`kernels.best_isa`), for
+    rows <= max_m; more rows (prefill chunks) take the dense fp32 GEMM, which is faster there."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: Packed, isa: int, max_m: int):
+        super().__init__(weight, bias)
+        if packed.rows != weight.shape[0]:
+            raise ValueError(f"packed blocks of {packed.rows} rows for a weight of shape {tuple(weight.shape)}")
+        self.blocks = packed.data
+        self.format = FORMATS[packed.format]
+        self.isa = isa
+        self.max_m = max_m
+        self.kernel = kernels.load()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > self.max_m:
+            return super().__call__(x)
+        out = self.kernel.lowbit_linear(x, self.blocks, self.out_features, self.format, self.isa)
+        return out if self.bias is None else out + self.bias
+
+
 def make_linear(
-    weights: list[torch.Tensor], biases: list[torch.Tensor | None], quantization: str = "none", max_m: int = 8
+    weights: list[torch.Tensor], biases: list[torch.Tensor | None], quantization: str = "none", max_m: int = 8,
+    blocks: list[Packed | None] | None = None, isa: int = 0,
 ) -> DenseLinear:
-    """One linear layer computing the concatenation of `weights` (each [out_i, in]) applied to the same input."""
+    """One linear layer computing the concatenation of `weights` (each [out_i, in]) applied to the same input.
+    With `blocks` (one per weight, all present) and a kernel for this CPU (`isa` > 0), the low-bit kernel
+    serves it; otherwise `quantization` picks the kind."""
     weight = torch.cat(weights) if len(weights) > 1 else weights[0]
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
     in_features = weight.shape[1]
+    packed = Packed.cat(blocks) if blocks and isa and all(b is not None for b in blocks) else None
+    if packed is not None and weight.dtype == torch.float32:
+        return LowBitLinear(weight, bias, packed, isa, max_m)
     if quantization == "int4" and in_features % GROUP_SIZE == 0 and weight.dtype == torch.bfloat16:
         return Int4Linear(weight, bias, max_m)
     if quantization in ("int4", "int8") and in_features % 16 == 0 and weight.dtype == torch.bfloat16:

@@ -7,12 +7,18 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from . import fused_llama
+from . import fused_llama, kernels
+from .gguf_weights import verified_packed
+from .linear import LowBitLinear
 from .paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
+from .weight_blocks import Packed, quantize_q8_0
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Up to how many rows a step takes the low-bit weights (beyond, the dense GEMM is faster), by what serves them:
+# our kernel per instruction set, torch's int4/int8 over bf16. Measured per step size (docs/benchmarks.md).
+LOWBIT_ROWS = {"avx512": 16, "avx2": 8, "torch": 8}
 
 
 @dataclass
@@ -55,7 +61,7 @@ class ModelRunner:
     modules with our attention plugged in, "auto" the fused path where it supports the model."""
 
     def __init__(self, model_path: str, dtype: str, block_size: int, num_blocks: int, device: str = "cpu",
-                 model_impl: str = "auto", quantization: str = "none"):
+                 model_impl: str = "auto", quantization: str = "none", max_lowbit_rows: int = 0):
         self.dtype = DTYPES[dtype]
         self.device = torch.device(device)
         self.block_size = block_size
@@ -67,13 +73,46 @@ class ModelRunner:
         fused = model_impl == "fused" or (model_impl == "auto" and fused_llama.supports(self.model.config))
         if model_impl == "fused" and not fused_llama.supports(self.model.config):
             raise ValueError(f"the fused path supports {fused_llama.ARCHITECTURES}, not this model")
-        self.fused = fused_llama.FusedLlama(self.model, quantization) if fused else None
+        blocks, isa = self._low_bit_blocks(model_path, quantization) if fused else ({}, 0)
+        self.max_lowbit_rows = max_lowbit_rows or LOWBIT_ROWS[kernels.ISA_NAMES[isa] if blocks else "torch"]
+        self.fused = None
+        if fused:
+            self.fused = fused_llama.FusedLlama(self.model, quantization, blocks, isa, self.max_lowbit_rows)
         self.impl = "fused" if fused else "hf"
+        self.kernel = "torch"
+        if self.fused is not None and blocks:
+            layers = self.fused.linear_layers()
+            low_bit = sum(isinstance(lin, LowBitLinear) for lin in layers)
+            self.kernel = f"{kernels.ISA_NAMES[isa]} low-bit kernel for {low_bit} of {len(layers)} layers"
         self.num_blocks = num_blocks
         s = self.shape
         self.kv_cache = torch.zeros(
             s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim, dtype=self.dtype, device=self.device
         )
+
+    def _low_bit_blocks(self, model_path: str, quantization: str) -> tuple[dict[str, Packed], int]:
+        """The weights the low-bit kernel serves ("gguf": the model's own blocks, checked bit for bit; "q8_0":
+        every linear weight re-quantized) and the instruction set it runs on; none where no kernel runs."""
+        if quantization not in ("gguf", "q8_0"):
+            return {}, 0
+        isa = kernels.best_isa()
+        if not isa:
+            log.warning("quantization %s: no low-bit kernel on this CPU (%s); dense fp32 weights serve",
+                        quantization, kernels.load_error() or "neither AVX2+FMA nor AVX-512")
+            return {}, 0
+        if quantization == "gguf":
+            blocks, why = verified_packed(model_path, self.model)
+            log.info("quantization gguf: %s", why)
+            return blocks, isa
+        blocks = {}
+        for name, module in self.model.named_modules():
+            if isinstance(module, torch.nn.Linear) and module.in_features % 32 == 0:
+                q8 = quantize_q8_0(module.weight.detach())
+                blocks[f"{name}.weight"] = q8.packed()
+                # The dense weights become the same grid, so steps past max_lowbit_rows compute the same model.
+                module.weight.data.copy_(q8.dequantize())
+        log.info("quantization q8_0: %d weights re-quantized (not exact: the bf16 fidelity rule)", len(blocks))
+        return blocks, isa
 
     @staticmethod
     def read_shape(model_path: str) -> ModelShape:

@@ -2,8 +2,8 @@
 
 `append` adds a generated token to a sequence and finishes it on EOS, a stop token, a stop string (the
 detokenizer holds back text that may become one), a completed grammar, max_tokens or the model's length. `collect` turns a
-request's state into a `RequestOutput`: the new text and token ids of every sample for a stream, everything
-at the end otherwise.
+request's state into a `RequestOutput`: the new text, token ids and logprobs of every sample for a stream,
+everything at the end otherwise, with each sample's cumulative logprob so far when it is tracked.
 """
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ class OutputProcessor:
             self.metrics.observe("llm_inter_token_latency_seconds", now - seq.last_token_time)
         seq.last_token_time = now
         self.metrics.inc("llm_generation_tokens_total")
-        if params.logprobs is not None:
-            seq.logprobs.append(self.sampler.logprobs(logits, token_id, params.logprobs))
+        if _tracks_cumulative(seq):
+            entry = self.sampler.logprobs(logits, token_id, params.logprobs or 0)
+            seq.cumulative_logprob += entry["logprob"]
+            if params.logprobs is not None:
+                seq.logprobs.append(entry)
         reason = None
         if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
             reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
@@ -96,4 +99,10 @@ def _sample_output(seq: Sequence, text: str, token_ids: list[int], logprobs: lis
         finish_reason=seq.finish_reason,
         num_output_tokens=seq.num_output_tokens,
         logprobs=list(logprobs) if seq.params.logprobs is not None else None,
+        cumulative_logprob=seq.cumulative_logprob if _tracks_cumulative(seq) else None,
     )
+
+
+def _tracks_cumulative(seq: Sequence) -> bool:
+    """Whether the sampled tokens' logprobs are computed: for the logprobs output or the cumulative logprob."""
+    return seq.params.logprobs is not None or seq.request.tracks_cumulative_logprob

@@ -40,6 +40,10 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] KV slot of every flat token
     groups: list[AttentionGroup]
     kv_cache: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+    # For a step of short queries only (decodes, verification), what attention in place over the blocks
+    # needs (kernels/layer_ops.cpp): each row's sequence and every sequence's block table, padded with 0.
+    row_seq: torch.Tensor | None = None  # [T]
+    block_tables: torch.Tensor | None = None  # [S, max_blocks]
 
 
 @dataclass
@@ -69,7 +73,12 @@ def build_metadata(
     device = kv_cache.device
     if device.type != "cpu":
         groups = [_to_device(g, device) for g in groups]
-    return AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), groups, kv_cache)
+    meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), groups, kv_cache)
+    if len(short) == len(slices) and device.type == "cpu":
+        width = max(len(s.block_table) for s in slices)
+        meta.block_tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in slices])
+        meta.row_seq = torch.repeat_interleave(torch.arange(len(slices)), torch.tensor([s.num_tokens for s in slices]))
+    return meta
 
 
 def _covers_in_order(group: AttentionGroup, total_rows: int) -> bool:

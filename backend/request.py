@@ -51,6 +51,7 @@ class Sequence:
         self.draft_num_computed = 0  # tokens whose KV the draft model holds
         self.matcher = None  # its own grammar state when the request constrains its output (structured_output.py)
         self.logprobs: list[dict] = []
+        self.cumulative_logprob = 0.0  # sum of the sampled tokens' logprobs, when tracked (Request)
         self.num_sent_tokens = 0
         self.final_sent = False
         self.num_preemptions = 0
@@ -94,16 +95,16 @@ class SampleOutput:
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None
-    num_output_tokens: int
+    num_output_tokens: int  # all of the sample's tokens so far (not just these)
     logprobs: list[dict] | None = None
-
+    cumulative_logprob: float | None = None  # so far; None unless tracked
 
     def followed_by(self, later: "SampleOutput") -> "SampleOutput":
         """This delta and the next one of the same sample as one."""
         logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
         return SampleOutput(
             self.sample_index, self.text + later.text, self.token_ids + later.token_ids,
-            later.finish_reason or self.finish_reason, later.num_output_tokens, logprobs,
+            later.finish_reason or self.finish_reason, later.num_output_tokens, logprobs, later.cumulative_logprob,
         )
 
 
@@ -147,6 +148,7 @@ class Request:
     error: str | None = None
     cancelled: bool = False  # the client cancelled: set by whoever watches it, read by the engine each step
     grammar: Future | None = None  # its output constraint, compiling off the engine thread (structured_output.py)
+    tracks_cumulative_logprob: bool = False  # sum each sample's logprobs even without params.logprobs
 
     def seed_for(self, sample_index: int) -> int:
         """Each sample draws from its own generator; a seeded request reproduces whatever the batch."""

@@ -21,10 +21,9 @@ SAMPLING_TENSORS = (
     "presence_penalty", "frequency_penalty", "seed", "n", "ignore_eos", "num_speculative_tokens",
 )
 LIST_TENSORS = ("stop", "stop_words", "stop_token_ids")
-FLAG_NAMES = (
-    "stream", "exclude_input_in_output", "return_logprobs", "return_finish_reason",
-    "return_num_input_tokens", "return_num_output_tokens",
-)
+# Additional outputs, each sent only when its return_* flag is true (as Triton's vLLM backend does).
+OPTIONAL_OUTPUTS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
+FLAG_NAMES = ("stream", "exclude_input_in_output") + tuple(f"return_{name}" for name in OPTIONAL_OUTPUTS)
 INPUT_NAMES = ("text_input", "sampling_parameters") + SAMPLING_TENSORS + LIST_TENSORS + FLAG_NAMES
 
 
@@ -38,6 +37,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool = False
     exclude_input_in_output: bool = False
+    outputs: frozenset[str] = frozenset()  # the OPTIONAL_OUTPUTS asked for
 
 
 def _text(name: str, value: Any) -> str:
@@ -103,9 +103,11 @@ def parse_request(
     prompt = _text("text_input", merged.pop("text_input"))
     if not prompt:
         raise InvalidRequest("text_input must be a non-empty string")
-    # finish_reason and the token counts are always sent; their return_* flags are only checked.
     flags = {name: as_bool(name, merged.pop(name)) for name in FLAG_NAMES if name in merged}
-    if flags.get("return_logprobs"):
-        merged.setdefault("logprobs", 0)
+    # return_logprobs only chooses whether `logprobs` is sent: without `logprobs` in the sampling
+    # parameters it is sent as JSON null (vLLM's backend does the same).
     params = SamplingParams.from_dict(merged, max_n=max_n, max_tokens_limit=max_tokens_limit)
-    return ParsedRequest(prompt, params, flags.get("stream", False), flags.get("exclude_input_in_output", False))
+    outputs = frozenset(name for name in OPTIONAL_OUTPUTS if flags.get(f"return_{name}"))
+    return ParsedRequest(
+        prompt, params, flags.get("stream", False), flags.get("exclude_input_in_output", False), outputs
+    )

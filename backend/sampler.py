@@ -71,9 +71,10 @@ class Sampler:
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token_id: int, top: int) -> dict:
-        """The model's log-probability of the chosen token, and of its `top` most likely alternatives."""
+        """The model's log-probability of the chosen token and its rank, and of its `top` most likely alternatives."""
         logp = torch.log_softmax(logits, dim=-1)
-        entry = {"token_id": token_id, "logprob": float(logp[token_id])}
+        entry = {"token_id": token_id, "logprob": float(logp[token_id]),
+                 "rank": int((logp > logp[token_id]).sum()) + 1}  # 1: the most likely token (as vLLM)
         if top:
             values, ids = torch.topk(logp, top)
             entry["top_logprobs"] = {int(i): float(v) for i, v in zip(ids, values)}

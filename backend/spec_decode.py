@@ -3,7 +3,8 @@ for them, and turning the target's logits over the k + 1 verified positions into
 
 The target verifies a sequence's k draft tokens in the same ragged forward pass that carries everyone
 else's prefill chunks and decodes; the rejection sampler (`rejection_sampler.py`) keeps the output
-distributed exactly as the target's, and the KV of rejected positions is rolled back.
+distributed exactly as the target's, and the KV of rejected positions is rolled back. With `spec_adaptive`,
+each sequence's draft length follows its own recent acceptance (`spec_policy.py`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .rejection_sampler import verify_greedy, verify_sampled
 from .request import Sequence
 from .sampler import Sampler
 from .scheduler import ScheduledSeq, SchedulerOutput
+from .spec_policy import AdaptivePolicy
 
 
 class SpeculativeDecoder:
@@ -30,6 +32,10 @@ class SpeculativeDecoder:
         self.outputs = outputs
         self.metrics = metrics
         self.max_model_len = max_model_len
+        self.policy = None
+        if config.spec_adaptive:
+            self.policy = AdaptivePolicy(config.num_speculative_tokens, config.spec_min_acceptance,
+                                         config.spec_probe_interval)
 
     def active(self, num_running: int) -> bool:
         """Speculation is off for a busy batch: there the verification compute costs more than it saves."""
@@ -37,13 +43,14 @@ class SpeculativeDecoder:
 
     def num_draft_tokens(self, seq: Sequence) -> int:
         """Draft tokens this decode may verify: the request's k (never above the configured k), no more than
-        its remaining output allows."""
+        its remaining output allows, and with the adaptive policy no more than its recent acceptance earns."""
         params = seq.params
         k = self.config.num_speculative_tokens
         if params.num_speculative_tokens is not None:
             k = min(k, params.num_speculative_tokens)
         remaining = min(params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
-        return max(0, min(k, remaining))
+        cap = max(0, min(k, remaining))
+        return self.policy.draft_length(seq, cap) if self.policy is not None else cap
 
     def propose(self, sched: SchedulerOutput, copies: list[tuple[int, int]]) -> None:
         """Ask the proposer for drafts; a sequence that gets fewer than asked verifies fewer."""
@@ -69,6 +76,8 @@ class SpeculativeDecoder:
             target_probs = torch.stack([self.sampler.probs(r, seq) for r in rows])
             result = verify_sampled(target_probs, drafts, seq.spec_draft_probs, seq.generator)
         s.num_accepted = result.num_accepted
+        if self.policy is not None:
+            self.policy.observe(seq, len(drafts), result.num_accepted)
         seq.num_computed_tokens = num_tokens + result.num_accepted  # KV of rejected positions is dropped
         seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
         seq.spec_token_ids = []

@@ -1,6 +1,6 @@
 """The benchmark report: one process run on one machine, every ratio measured in that run.
 
-    python benchmarks/bench.py [--out benchmarks/results] [--only 1,2,3,4,5,6] [--quick] [--threads N]
+    python benchmarks/bench.py [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8] [--quick] [--threads N]
                                [--llama-cpp-dir DIR]
 
 Sections (all run by default; `--only` picks some), one module each over benchmarks/harness.py:
@@ -20,6 +20,10 @@ Sections (all run by default; `--only` picks some), one module each over benchma
   6. vs_llama_cpp.py: llama.cpp on the same weights: `llama-bench` batch-1 decode and `llama-server` at 1, 8
      and 32 streams against ours through Triton. P8, P9. Needs `--llama-cpp-dir` (or LLAMA_CPP_DIR): a folder
      with llama-bench and llama-server (and their shared libraries); skipped, with a note, without them.
+  7. kernels_threads.py: our low-bit kernel against the dense fp32 GEMM per step size and instruction set; the
+     served default against bf16 + int4 through Triton; 1 against 2 torch threads through Triton.
+  8. spec_decode.py: speculation off, fixed k and adaptive, in process at batch 1, on input-grounded prompts
+     (rewrite, extract, edit code given in the prompt) and open chat.
 
 Writes <out>/README.md (the targets first, then tables, settings, machine), <out>/results.json and PNG plots.
 The machine's ceilings are measured in the same run at the run's thread count. `--quick` is a smoke test (few
@@ -45,21 +49,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks import (  # noqa: E402
+    kernels_threads,
     load_curve,
     roofline,
     seed_workload,
+    spec_decode,
     triton_overhead,
     vs_llama_cpp,
     vs_transformers,
 )
 from benchmarks.common import DEFAULT_MODEL  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
+    BF16_INT4_MODEL,
     DECODE_PROFILE,
     FP32_MODEL,
     GOALS,
     MAIN_MODEL,
     REPO_ROOT,
     SEED_MODEL,
+    THREADS_MODELS,
     Bench,
     Server,
     log,
@@ -68,8 +76,10 @@ from benchmarks.harness import (  # noqa: E402
 )
 from benchmarks.report import write_report  # noqa: E402
 
-SECTIONS = {1: seed_workload, 2: vs_transformers, 3: triton_overhead, 4: roofline, 5: load_curve, 6: vs_llama_cpp}
-SERVED_VARIANTS = {1: [SEED_MODEL], 2: [FP32_MODEL, MAIN_MODEL], 3: [MAIN_MODEL], 5: [MAIN_MODEL], 6: [MAIN_MODEL]}
+SECTIONS = {1: seed_workload, 2: vs_transformers, 3: triton_overhead, 4: roofline, 5: load_curve, 6: vs_llama_cpp,
+            7: kernels_threads, 8: spec_decode}
+SERVED_VARIANTS = {1: [SEED_MODEL], 2: [FP32_MODEL, MAIN_MODEL], 3: [MAIN_MODEL], 5: [MAIN_MODEL], 6: [MAIN_MODEL],
+                   7: [MAIN_MODEL, BF16_INT4_MODEL, *THREADS_MODELS.values()]}
 
 
 def parse_args(argv: list[str] | None):

@@ -36,8 +36,12 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 MAIN_MODEL = "llm"  # the served configuration, model_repository/llm/config.pbtxt as it stands
 SEED_MODEL = "llm_seq8"  # section 1: max_num_seqs 8
 FP32_MODEL = "llm_fp32"  # section 2's fp32 rows
+BF16_INT4_MODEL = "llm_bf16_int4"  # section 7: the bf16 + int4 path the default takes on AMX CPUs
+THREADS_MODELS = {1: "llm_threads1", 2: "llm_threads2"}  # section 7: the served configuration at 1 / 2 threads
 VARIANTS = {MAIN_MODEL: {}, SEED_MODEL: {"max_num_seqs": "8"},
-            FP32_MODEL: {"dtype": "float32", "quantization": "none"}}
+            FP32_MODEL: {"dtype": "float32", "quantization": "none"},
+            BF16_INT4_MODEL: {"dtype": "bfloat16", "quantization": "int4"},
+            **{name: {"num_threads": str(n)} for n, name in THREADS_MODELS.items()}}
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -156,6 +160,11 @@ SUMMARY_ORDER = ("P2", "P7", "P8", "P1", "P5", "P6", "P9")
 # ------------------------------------------------------------------------------------------------ the machine
 
 
+# The CPU flags that decide our fast paths (and llama.cpp's), recorded with every report.
+REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                  "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
 def machine_info(threads: int) -> dict:
     cpu, mem_gib = platform.processor() or platform.machine(), float("nan")
     for path, key in (("/proc/cpuinfo", "model name"), ("/proc/meminfo", "MemTotal")):
@@ -169,9 +178,15 @@ def machine_info(threads: int) -> dict:
             cpu = line.split(":", 1)[1].strip()
     import transformers
 
+    from backend import kernels
+    from backend.hardware import cpu_flags_of_this_machine
+
+    flags = cpu_flags_of_this_machine()
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host_cpu": cpu, "logical_cpus": os.cpu_count(), "memory_gib": round(mem_gib, 1),
+        "cpu_flags": [f for f in REPORTED_FLAGS if f in flags],
+        "kernel_isa": kernels.ISA_NAMES[kernels.best_isa()],
         "torch_threads": threads, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "platform": platform.platform(),
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
@@ -180,15 +195,17 @@ def machine_info(threads: int) -> dict:
 
 def engine_parameters(threads: int, variant: str = MAIN_MODEL) -> dict[str, str]:
     """A server variant's parameters: what an in-process engine uses to run the same configuration."""
-    return {**read_parameters(), **VARIANTS[variant], "num_threads": str(threads)}
+    return {**read_parameters(), "num_threads": str(threads), **VARIANTS[variant]}
 
 
 def resolved_dtype(variant: str = MAIN_MODEL) -> str:
     """The dtype a variant runs in on this machine (`auto` resolved as the engine resolves it)."""
-    from backend.hardware import resolve_dtype
+    from backend.hardware import resolve_for_model
 
     params = engine_parameters(0, variant)
-    return resolve_dtype(params.get("dtype", "auto"), params.get("device", "cpu"))[0]
+    return resolve_for_model(
+        params["model"], params.get("dtype", "auto"), params.get("quantization", "auto"), params.get("device", "cpu")
+    )[0]
 
 
 # ------------------------------------------------------------------------------------------------ the server
@@ -202,7 +219,7 @@ class Server:
         import serve
 
         self.serve = serve
-        overrides = {v: {**VARIANTS[v], "num_threads": str(threads)} for v in variants}
+        overrides = {v: {"num_threads": str(threads), **VARIANTS[v]} for v in variants}  # a variant's own wins
         repository = write_model_repository(workdir / "model_repository", overrides)
         self.log_path = workdir / "tritonserver.log"
         self.ports = [serve.free_port() for _ in range(3)]

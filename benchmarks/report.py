@@ -29,7 +29,8 @@ def summary(bench: Bench, info: dict, errors: dict[int, str]) -> list[str]:
         "## Targets",
         "",
         f"Machine: {info['host_cpu']}, {info['logical_cpus']} logical CPUs, {info['memory_gib']} GiB RAM, "
-        f"our engine {bench.s.threads} torch thread(s), the peers {bench.s.peer_threads}; run on {info['date']}.",
+        f"CPU flags {' '.join(info.get('cpu_flags', [])) or 'unknown'} (our low-bit kernel: "
+        f"{info.get('kernel_isa', 'n/a')}), our engine {bench.s.threads} torch thread(s), the peers {bench.s.peer_threads}; run on {info['date']}.",
         "",
         "| target | what | measured at | measured | target | verdict | what bounds it (below) |",
         "|---|---|---|---|---|---|---|",
@@ -62,6 +63,7 @@ def machine_and_settings(bench: Bench, info: dict) -> list[str]:
         "| | |",
         "|---|---|",
         f"| CPU | {info['host_cpu']}, {info['logical_cpus']} logical CPUs, {info['memory_gib']} GiB RAM |",
+        f"| CPU flags | {' '.join(info.get('cpu_flags', []))}; our low-bit kernel runs {info.get('kernel_isa', 'n/a')} |",
         f"| threads | ours {s.threads} (the in-process runs and the server's `num_threads`: its default, every core "
         f"but one); Hugging Face and llama.cpp (`-t`) {s.peer_threads} (every core): each at its own best |",
         f"| load average (1, 5, 15 min) | start {info['load_average_start']}, end {info['load_average_end']} |",

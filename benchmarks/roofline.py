@@ -24,8 +24,7 @@ def engine_linears(engine) -> list:
     fused = engine.runner.fused
     if fused is None:
         return [m for m in engine.runner.model.modules() if isinstance(m, torch.nn.Linear)]
-    return [lin for layer in fused.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [
-        fused.lm_head]
+    return fused.linear_layers()
 
 
 def _nbytes(*tensors) -> int:
@@ -34,8 +33,11 @@ def _nbytes(*tensors) -> int:
 
 def linear_bytes(layer, batch: int) -> int:
     """Bytes one call at `batch` rows reads: the low-bit copy where the layer uses it, else the dense weight.
-    (An Int4Linear keeps a dense copy too, for larger M; a small-M call reads only the 4-bit one.)"""
+    (An Int4Linear or LowBitLinear keeps a dense copy too, for larger M; a small-M call reads only the low-bit
+    one.)"""
     small = batch <= getattr(layer, "max_m", 0)
+    if small and hasattr(layer, "blocks"):
+        return _nbytes(layer.blocks, layer.bias)
     if small and hasattr(layer, "int4"):
         return _nbytes(layer.int4, layer.scales_and_zeros, layer.bias)
     if small and hasattr(layer, "int8"):
@@ -125,7 +127,9 @@ _LABELS = {
     "llm.step": "engine step: the rest (input tensors, Python)",
     "llm.scheduler": "scheduler",
     "llm.metadata": "attention metadata (slots, block tables, masks)",
-    "llm.attention": "attention (KV write, block gather, SDPA)",
+    "llm.attention": "attention (KV write, block gather, SDPA; or our in-place kernel with RoPE)",
+    "llm.lowbit": "matmuls (our low-bit kernel)",
+    "llm.layer_ops": "model forward: our fused norm / SiLU ops",
     "llm.sampling": "sampling",
     "llm.append": "detokenize + stop checks",
     "llm.collect": "outputs",
@@ -135,7 +139,7 @@ FORWARD_PYTHON = "model forward: Python"
 FORWARD_OTHER = "model forward: other ops (norms, RoPE, activations, embedding)"
 _MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
                "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm", "mkldnn::_linear_pointwise"}
-_ORDER = [MATMUL, _LABELS["llm.attention"], FORWARD_OTHER, FORWARD_PYTHON, _LABELS["llm.metadata"],
+_ORDER = [MATMUL, _LABELS["llm.lowbit"], _LABELS["llm.attention"], _LABELS["llm.layer_ops"], FORWARD_OTHER, FORWARD_PYTHON, _LABELS["llm.metadata"],
           _LABELS["llm.sampling"], _LABELS["llm.append"], _LABELS["llm.scheduler"], _LABELS["llm.collect"],
           _LABELS["llm.step"]]
 
@@ -157,6 +161,10 @@ def _labelled_functions(engine) -> list[tuple[object, str, str]]:
         # the fused forward calls its module's name; the HF path's attention hook calls paged_attention's
         (fused_llama, "paged_attention", "llm.attention"), (paged_attention, "paged_attention", "llm.attention"),
     ]
+    ops = getattr(runner.fused, "ops", None)  # our C++ kernels: no aten ops inside, so labelled by name
+    if ops is not None:
+        candidates += [(ops, "lowbit_linear", "llm.lowbit"), (ops, "rope_paged_attention", "llm.attention"),
+                       (ops, "add_rms_norm", "llm.layer_ops"), (ops, "silu_mul", "llm.layer_ops")]
     return [(owner, name, label) for owner, name, label in candidates if hasattr(owner, name)]
 
 

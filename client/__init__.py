@@ -1,6 +1,7 @@
 """Clients for the decoupled `llm` Triton model: `python -m client --help` for the CLI, `client.api` for code."""
 
 from client.api import (  # noqa: F401
+    DEFAULT_OUTPUTS,
     FLAT_INPUTS,
     Chunk,
     Completion,

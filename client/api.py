@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator, Optional
 import numpy as np
 
 __all__ = [
+    "DEFAULT_OUTPUTS",
     "FLAT_INPUTS",
     "Chunk",
     "Completion",
@@ -50,6 +51,13 @@ FLAT_INPUTS: dict[str, tuple[str, Any]] = {
     "stop": _BYTES, "stop_words": _BYTES,
     "exclude_input_in_output": _BOOL, "ignore_eos": _BOOL, "return_logprobs": _BOOL,
     "return_finish_reason": _BOOL, "return_num_input_tokens": _BOOL, "return_num_output_tokens": _BOOL,
+    "return_cumulative_logprob": _BOOL,
+}
+
+# The model sends its additional outputs only when asked (as Triton's vLLM backend does): this client asks
+# for these unless the caller says otherwise (False, or None to send no flag at all).
+DEFAULT_OUTPUTS: dict[str, Any] = {
+    "return_finish_reason": True, "return_num_input_tokens": True, "return_num_output_tokens": True,
 }
 
 
@@ -72,7 +80,8 @@ class Chunk:
     is_final: bool = False
     received_at: float = 0.0  # time.perf_counter() when the response arrived
     num_input_tokens: Optional[int] = None
-    num_output_tokens: Optional[int] = None
+    num_output_tokens: Optional[int] = None  # tokens in this response (the model sends the delta)
+    cumulative_logprob: Optional[float] = None  # of the sample's tokens so far, when asked for
     raw: dict[str, Any] = field(default_factory=dict)  # every output, as python values
 
     @property
@@ -185,12 +194,13 @@ def chunk_from_outputs(outputs: dict[str, Any], received_at: float, is_final: bo
     return Chunk(
         text="".join(str(t) for t in raw.get("text_output", [])),
         token_ids=[int(t) for t in raw.get("output_ids", [])],
-        finish_reason=next((str(r) for r in raw.get("finish_reason", []) if r), None),
+        finish_reason=next((str(r) for r in raw.get("finish_reason", []) if r and r != "None"), None),
         sample_index=sample_index,
         is_final=is_final,
         received_at=received_at,
         num_input_tokens=_first_int(outputs.get("num_input_tokens")),
         num_output_tokens=_first_int(outputs.get("num_output_tokens")),
+        cumulative_logprob=next((float(v) for v in raw.get("cumulative_logprob", [])), None),
         raw=raw,
     )
 
@@ -283,7 +293,8 @@ class GrpcStream:
     The request is sent when the object is made (one client and stream per request unless `client` is given).
     Iteration ends after the response flagged `triton_final_response`; an error response raises ServerError.
     Leaving the iteration early (break, close(), an exception) cancels the request on the server
-    (`stop_stream(cancel_requests=True)`). Under gevent (Locust) grpc is first set up for gevent.
+    (`stop_stream(cancel_requests=True)`). Under gevent (Locust) grpc is first set up for gevent. The
+    additional outputs of DEFAULT_OUTPUTS are asked for unless `flat` says otherwise.
     """
 
     def __init__(self, prompt: str, url: str = "localhost:8001", model: str = "llm", *, stream: bool = True,
@@ -299,7 +310,7 @@ class GrpcStream:
         self._queue: queue.Queue = queue.Queue()
         self._own_client = client is None
         self._client = None
-        inputs = build_inputs(prompt, stream, sampling, "grpc", **flat)
+        inputs = build_inputs(prompt, stream, sampling, "grpc", **{**DEFAULT_OUTPUTS, **flat})
         self._client = client if client is not None else grpcclient.InferenceServerClient(url)
         self.started_at = 0.0  # perf_counter when the request was sent
         self.ended_at: Optional[float] = None
@@ -469,13 +480,13 @@ def _http_chunk(payload: str, received_at: float, is_final: bool) -> Chunk:
 def stream_http(prompt: str, url: str = "localhost:8000", model: str = "llm", *, stream: bool = True,
                 sampling: dict | str | None = None, timeout_s: Optional[float] = DEFAULT_TIMEOUT_S,
                 **params: Any) -> Iterator[Chunk]:
-    """Yield Chunks from POST /v2/models/{model}/generate_stream (server-sent events).
+    """Yield Chunks from POST /v2/models/{model}/generate_stream (server-sent events; DEFAULT_OUTPUTS asked).
 
     The stream's end is marked by one last empty Chunk with is_final=True. Closing the generator early drops
     the connection, which cancels the request on the server.
     """
     conn, response = _post(url, f"/v2/models/{model}/generate_stream",
-                           http_body(prompt, stream, sampling, **params), timeout_s)
+                           http_body(prompt, stream, sampling, **{**DEFAULT_OUTPUTS, **params}), timeout_s)
     try:
         for payload in parse_sse(iter(response.readline, b"")):
             yield _http_chunk(payload, time.perf_counter(), is_final=False)
@@ -490,7 +501,7 @@ def generate_http(prompt: str, url: str = "localhost:8000", model: str = "llm", 
     """POST /v2/models/{model}/generate (stream false): one JSON answer as a Completion."""
     started_at = time.perf_counter()
     conn, response = _post(url, f"/v2/models/{model}/generate",
-                           http_body(prompt, False, sampling, **params), timeout_s)
+                           http_body(prompt, False, sampling, **{**DEFAULT_OUTPUTS, **params}), timeout_s)
     try:
         payload = response.read().decode("utf-8")
     finally:

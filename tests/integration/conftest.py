@@ -45,7 +45,11 @@ MODEL_DIR = (REPO_ROOT / "models" / "smollm2-135m-instruct").resolve()
 # model_repository/llm/config.pbtxt (string values, as in config.pbtxt). `model` is always set to the
 # absolute path of models/smollm2-135m-instruct unless a variant sets it.
 # float32 variants are held to token-for-token equality with Hugging Face's float32 `generate`.
-_FP32 = {"dtype": "float32"}
+# Dense fp32 without speculation: the reference configuration every feature test holds token for token to
+# transformers (the default repository's own settings, GGUF blocks and adaptive n-gram speculation, are
+# `llm_default`'s, held to the rule of what it picks on the machine).
+_FP32 = {"dtype": "float32", "quantization": "none", "draft_model": "", "num_speculative_tokens": "0"}
+_FIXED_K = {"spec_adaptive": "false"}  # the speculative variants verify a fixed k every step
 VARIANTS: dict[str, dict[str, str]] = {
     # Default-like, but a small token budget so that prompts longer than 64 tokens are prefilled in chunks.
     "llm": {**_FP32, "max_num_batched_tokens": "64", "max_num_seqs": "32"},
@@ -57,15 +61,16 @@ VARIANTS: dict[str, dict[str, str]] = {
     "llm_no_prefix_cache": {**_FP32, "max_num_batched_tokens": "64", "enable_prefix_caching": "false"},
     # Speculative decoding: the target's weights in bf16 as the draft, n-gram drafts, and a draft identical
     # to the target. A large spec_max_batch_size keeps speculation on under load.
-    "llm_spec_draft": {**_FP32, "max_num_batched_tokens": "64", "draft_model": "self", "draft_dtype": "bfloat16",
+    "llm_spec_draft": {**_FP32, **_FIXED_K, "max_num_batched_tokens": "64", "draft_model": "self",
+                       "draft_dtype": "bfloat16", "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
+    "llm_spec_ngram": {**_FP32, **_FIXED_K, "max_num_batched_tokens": "64", "draft_model": "ngram",
                        "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
-    "llm_spec_ngram": {**_FP32, "max_num_batched_tokens": "64", "draft_model": "ngram",
-                       "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
-    "llm_spec_same": {**_FP32, "draft_model": "self", "draft_dtype": "float32", "num_speculative_tokens": "4"},
-    # The default model repository as shipped (dtype auto: bf16 here; int4 decoder weights), with n-gram
-    # speculation on and a small token budget (chunked prefill): held to the bf16 near-tie rule.
-    "llm_default": {"max_num_batched_tokens": "64", "draft_model": "ngram", "num_speculative_tokens": "3",
-                    "spec_max_batch_size": "32"},
+    "llm_spec_same": {**_FP32, **_FIXED_K, "draft_model": "self", "draft_dtype": "float32",
+                      "num_speculative_tokens": "4"},
+    # The default model repository as shipped (quantization auto: the GGUF blocks where our kernel runs;
+    # adaptive n-gram speculation), with a small token budget (chunked prefill) and speculation kept on for
+    # the whole concurrent set: held to the rule of what `auto` picks here (test_default_fidelity.py).
+    "llm_default": {"max_num_batched_tokens": "64", "spec_max_batch_size": "32"},
     # Test-only faults (test_engine_faults.py): a step holding a request whose prompt carries the step marker
     # raises; one carrying the death marker kills the engine thread. One sequence per step: the others wait.
     "llm_faults": {**_FP32, "max_num_seqs": "1", "kv_cache_blocks": "64",

@@ -15,7 +15,7 @@ import openai
 import pytest
 import torch
 
-from backend.hardware import resolve_dtype
+from backend.hardware import resolve_for_model
 from benchmarks.fidelity import HFReference, summarize
 from conftest import MODEL_DIR
 from llm_testlib import MIXED_CASES, raise_first_error, run_concurrently
@@ -172,7 +172,7 @@ def test_logprobs_come_back(client):
 
 # `llm` is float32 by configuration; `llm_default` is the default repository, whose dtype `auto` resolves here
 # as on this machine's server.
-SERVED = [("llm", "float32"), ("llm_default", resolve_dtype("auto", "cpu")[0])]
+SERVED = [("llm", "float32"), ("llm_default", resolve_for_model(str(MODEL_DIR), "auto", "auto", "cpu")[0])]
 CHATS = [[{"role": "user", "content": p}] for p, _ in MIXED_CASES[:6]] + [
     [{"role": "system", "content": "You answer in one short sentence."},
      {"role": "user", "content": "Why is the sky blue?"},

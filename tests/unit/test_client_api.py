@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from client import (
+    DEFAULT_OUTPUTS,
     Chunk,
     Completion,
     ServerError,
@@ -121,6 +122,14 @@ def test_chunk_from_numpy():
     assert (c.text, c.token_ids, c.finish_reason, c.is_final, c.num_tokens) == ("hé!", [5, 6], None, True, 2)
 
 
+def test_chunk_finish_reason_none_until_the_end_and_cumulative_logprob():
+    c = chunk_from_outputs({"text_output": np.array([b"a"], dtype=np.object_),
+                            "finish_reason": np.array([b"None"], dtype=np.object_),
+                            "cumulative_logprob": np.array([-1.5], dtype=np.float32)}, 0.0)
+    assert c.finish_reason is None and c.cumulative_logprob == -1.5
+    assert chunk_from_outputs({"text_output": "a"}, 0.0).cumulative_logprob is None
+
+
 def test_chunk_num_tokens_fallbacks():
     assert Chunk(text="x").num_tokens == 1
     assert Chunk(text="x", num_output_tokens=3).num_tokens == 3
@@ -221,7 +230,8 @@ def test_stream_http(http_url):
     assert [c.is_final for c in chunks] == [False, False, False, True]
     assert chunks[2].finish_reason == "length" and chunks[1].token_ids == [1]
     assert bodies[-1] == ("/v2/models/llm/generate_stream",
-                          {"text_input": "Hi", "stream": True, "sampling_parameters": '{"top_k": 1}', "max_tokens": 3})
+                          {"text_input": "Hi", "stream": True, "sampling_parameters": '{"top_k": 1}', "max_tokens": 3,
+                           **DEFAULT_OUTPUTS})
 
 
 def test_collect_http(http_url):
@@ -244,7 +254,11 @@ def test_generate_http(http_url):
     url, bodies = http_url
     c = generate_http("Hi", url, temperature=0.0)
     assert (c.text, c.token_ids, c.finish_reason, c.num_output_tokens) == ("Hi ok", [1, 2], "stop", 2)
-    assert bodies[-1] == ("/v2/models/llm/generate", {"text_input": "Hi", "stream": False, "temperature": 0.0})
+    assert bodies[-1] == ("/v2/models/llm/generate", {"text_input": "Hi", "stream": False, "temperature": 0.0,
+                                                      **DEFAULT_OUTPUTS})
+    generate_http("Hi", url, return_finish_reason=None, return_num_input_tokens=False)
+    assert bodies[-1][1] == {"text_input": "Hi", "stream": False, "return_num_input_tokens": False,
+                             "return_num_output_tokens": True}
     with pytest.raises(ServerError, match="unknown model"):
         generate_http("Hi", url, model="missing")
 

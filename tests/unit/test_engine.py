@@ -286,6 +286,7 @@ def test_logprobs(make_engine):
         assert len(entry["top_logprobs"]) == 3
         best = max(entry["top_logprobs"].items(), key=lambda kv: kv[1])
         assert best[0] == token_id and best[1] == pytest.approx(entry["logprob"])  # greedy: the top token
+        assert entry["rank"] == 1
         assert entry["logprob"] <= 0
     plain = final(run(engine, [engine.build_request("nolp", PROMPTS[1], greedy(5))])["nolp"]).samples[0]
     assert plain.logprobs is None

@@ -69,3 +69,42 @@ def test_supports_rejects_what_it_does_not_compute():
     assert not fused_llama.supports(Config())
     Config.hidden_act, Config.architectures = "silu", ["GemmaForCausalLM"]
     assert not fused_llama.supports(Config())
+
+
+def test_q8_0_runner_computes_its_own_grid_exactly(tiny_llama):
+    """quantization q8_0: the low-bit kernel (small steps) and the dense fallback (the 18-token chunk) both
+    compute the re-quantized model, which the generic path computes from the same de-quantized weights."""
+    from backend.weight_blocks import quantize_q8_0
+
+    quantized = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
+    assert quantized.kernel.endswith("low-bit kernel for 9 of 9 layers")
+    generic = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
+    with torch.no_grad():
+        for module in generic.model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(quantize_q8_0(module.weight).dequantize())
+    for got, want in zip(ragged_steps(quantized), ragged_steps(generic)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_ops_equal_torch_ops(tiny_llama):
+    """The C++ decoder-layer ops (short-query steps) against the same fused path on torch ops."""
+    with_ops = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS)
+    assert with_ops.fused.ops is not None
+    without = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS)
+    without.fused.ops = None
+    for got, want in zip(ragged_steps(with_ops), ragged_steps(without)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("forced,expected,same_as",
+                         [("avx2", "avx2 low-bit kernel", "q8_0"), ("none", "torch", "none")])
+def test_a_cpu_without_the_fast_instruction_set(tiny_llama, monkeypatch, forced, expected, same_as):
+    """Simulated by lowering the kernel's instruction set: AVX2 still runs the kernel on the Q8_0 grid; with
+    none, q8_0 is not applied and the dense fp32 weights serve (the load log says so)."""
+    reference = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization=same_as)
+    monkeypatch.setenv("LLM_KERNEL_ISA", forced)
+    runner = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
+    assert runner.kernel.startswith(expected)
+    for got, want in zip(ragged_steps(runner), ragged_steps(reference)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,11 @@
 """backend/hardware.py: `dtype: auto` and quantization resolve by what the hardware computes natively."""
-from backend.hardware import native_bf16, resolve_dtype, resolve_quantization
+import pytest
+
+from backend.hardware import native_bf16, resolve_dtype, resolve_weights
+
+AVX2 = {"avx2", "fma", "f16c"}
+AVX512_BF16 = AVX2 | {"avx512f", "avx512_bf16"}
+AMX = AVX512_BF16 | {"amx_bf16", "amx_tile"}
 
 
 def test_auto_picks_bfloat16_only_with_native_bf16_instructions():
@@ -19,9 +25,33 @@ def test_native_bf16_names_the_flag():
     assert ok and "avx512_bf16" in why
 
 
-def test_quantization_applies_to_bfloat16_on_cpu_only():
-    assert resolve_quantization("int4", "bfloat16", "cpu")[0] == "int4"
-    quantization, why = resolve_quantization("int4", "float32", "cpu")
-    assert quantization == "none" and "bfloat16" in why
-    assert resolve_quantization("int8", "bfloat16", "cuda")[0] == "none"
-    assert resolve_quantization("none", "bfloat16", "cpu")[0] == "none"
+def test_bf16_quantization_applies_to_bfloat16_on_cpu_only():
+    assert resolve_weights("bfloat16", "int4", "cpu", False, 0, AMX)[:2] == ("bfloat16", "int4")
+    dtype, quantization, why = resolve_weights("float32", "int4", "cpu", True, 2, AMX)
+    assert (dtype, quantization) == ("float32", "none") and "bfloat16" in why
+    assert resolve_weights("bfloat16", "int8", "cuda", False, 0, AMX)[1] == "none"
+    assert resolve_weights("bfloat16", "none", "cpu", True, 2, AMX)[1] == "none"
+
+
+@pytest.mark.parametrize("flags", [AVX2, AVX512_BF16], ids=["avx2", "avx512_bf16"])
+def test_auto_serves_the_exact_gguf_blocks_where_the_kernel_runs(flags):
+    dtype, quantization, why = resolve_weights("auto", "auto", "cpu", True, 1, flags)
+    assert (dtype, quantization) == ("float32", "gguf") and "exact" in why
+
+
+def test_auto_keeps_bf16_int4_on_amx_and_without_blocks_or_kernel():
+    assert resolve_weights("auto", "auto", "cpu", True, 2, AMX)[:2] == ("bfloat16", "int4")
+    assert resolve_weights("auto", "auto", "cpu", False, 2, AVX512_BF16)[:2] == ("bfloat16", "int4")
+    assert resolve_weights("auto", "auto", "cpu", True, 0, AVX2)[:2] == ("float32", "none")
+    assert resolve_weights("auto", "auto", "cpu", False, 1, AVX2)[:2] == ("float32", "none")
+    assert resolve_weights("auto", "auto", "cuda", True, 0, set())[1] == "none"
+
+
+def test_an_explicit_float32_gets_the_exact_blocks_even_on_amx():
+    assert resolve_weights("float32", "auto", "cpu", True, 2, AMX)[:2] == ("float32", "gguf")
+
+
+def test_fp32_kinds_refuse_a_bf16_dtype():
+    assert resolve_weights("auto", "q8_0", "cpu", False, 1, AVX2)[:2] == ("float32", "q8_0")
+    with pytest.raises(ValueError, match="float32"):
+        resolve_weights("bfloat16", "gguf", "cpu", True, 1, AVX512_BF16)

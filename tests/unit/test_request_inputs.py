@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from backend.request_inputs import INPUT_NAMES, parse_request
+from backend.request_inputs import INPUT_NAMES, OPTIONAL_OUTPUTS, parse_request
 from backend.sampling_params import InvalidRequest
 
 
@@ -94,15 +94,26 @@ def test_prompt_from_request_parameters():
     assert parse_request({"text_input": text("tensor")}, json.dumps({"text_input": "params"})).prompt == "tensor"
 
 
-def test_return_logprobs_turns_on_logprobs():
+def test_return_logprobs_only_chooses_whether_logprobs_are_sent():
+    """As vLLM's backend: return_logprobs without `logprobs` sends JSON null; it never turns logprobs on."""
     parsed = parse_request({"text_input": text("x"), "return_logprobs": np.array([True])})
-    assert parsed.params.logprobs == 0
+    assert parsed.params.logprobs is None and parsed.outputs == {"logprobs"}
     parsed = parse_request(
         {"text_input": text("x"), "return_logprobs": np.array([True])}, json.dumps({"logprobs": 3})
     )
-    assert parsed.params.logprobs == 3
-    parsed = parse_request({"text_input": text("x"), "return_logprobs": np.array([False])})
-    assert parsed.params.logprobs is None
+    assert parsed.params.logprobs == 3 and parsed.outputs == {"logprobs"}
+    parsed = parse_request({"text_input": text("x"), "return_logprobs": np.array([False])}, json.dumps({"logprobs": 2}))
+    assert parsed.params.logprobs == 2 and parsed.outputs == frozenset()
+
+
+def test_additional_outputs_only_when_their_flag_is_true():
+    assert parse_request({"text_input": text("x")}).outputs == frozenset()
+    every = {f"return_{name}": np.array([True]) for name in OPTIONAL_OUTPUTS}
+    assert parse_request({"text_input": text("x"), **every}).outputs == set(OPTIONAL_OUTPUTS)
+    parsed = parse_request({"text_input": text("x"), "return_cumulative_logprob": np.array([True])},
+                           json.dumps({"return_num_input_tokens": "true", "return_finish_reason": False}))
+    assert parsed.outputs == {"cumulative_logprob", "num_input_tokens"}
+    assert "return_cumulative_logprob" in INPUT_NAMES
 
 
 def test_return_flags_are_checked_and_not_passed_on():

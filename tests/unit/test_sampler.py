@@ -269,6 +269,7 @@ def test_logprobs(sampler):
     entry = Sampler.logprobs(logits, 2, 3)
     assert entry["token_id"] == 2
     assert entry["logprob"] == pytest.approx(float(logp[2]))
+    assert entry["rank"] == 4 and Sampler.logprobs(logits, 1, 0)["rank"] == 1  # 1: the most likely token
     assert list(entry["top_logprobs"]) == [1, 3, 0]
     assert entry["top_logprobs"][1] == pytest.approx(float(logp[1]))
     assert all(isinstance(k, int) and isinstance(v, float) for k, v in entry["top_logprobs"].items())

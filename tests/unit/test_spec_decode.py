@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from backend import EngineConfig, LLMEngine, SamplingParams
+from backend.proposers import Proposer
 
 SMOL_DIR = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct"
 
@@ -55,6 +56,61 @@ def test_greedy_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draf
     assert engine.metrics.total("llm_spec_decode_num_drafts_total") > 0
 
 
+@pytest.mark.parametrize("draft", ["ngram", "self"])
+def test_greedy_adaptive_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draft):
+    engine = _engine(tiny_llama, draft_model=draft, draft_dtype="float32", num_speculative_tokens=4,
+                     spec_adaptive=True, spec_probe_interval=2)
+    assert _run(engine, PROMPTS, temperature=0, max_tokens=24, ignore_eos=True) == plain_greedy
+    assert engine.metrics.total("llm_spec_decode_num_drafts_total") > 0
+
+
+def test_adaptive_identical_draft_grows_k_to_the_max(tiny_llama):
+    k = 4
+    engine = _engine(tiny_llama, draft_model="self", draft_dtype="float32", num_speculative_tokens=k,
+                     spec_adaptive=True)
+    _run(engine, PROMPTS[:1], temperature=0, max_tokens=24, ignore_eos=True)
+    per_pos = {dict(key)["position"]: v
+               for key, v in engine.metrics.counters["llm_spec_decode_num_accepted_tokens_per_pos_total"].items()}
+    assert per_pos.get(k - 1, 0) >= 2  # full-length drafts, after starting shorter
+    assert per_pos[0] > per_pos[k - 1]
+
+
+class OracleProposer(Proposer):
+    """Drafts from the known greedy output: wrong tokens before output position `right_from`, right ones after
+    (output that starts copying its input halfway). Counts the wrong draft tokens it was asked for."""
+
+    def __init__(self, outputs: dict[str, list[int]], right_from: int):
+        self.outputs, self.right_from = outputs, right_from
+        self.wrong_drafted = 0
+
+    def propose(self, requests):
+        for seq, k in requests:
+            future = self.outputs[seq.request.request_id][seq.num_output_tokens :][:k]
+            if seq.num_output_tokens < self.right_from:
+                future = [(t + 1) % 49152 for t in future]
+                self.wrong_drafted += len(future)
+            seq.spec_token_ids = future
+            seq.spec_draft_probs = None
+
+
+def test_adaptive_stops_on_rejected_drafts_and_resumes_when_they_are_accepted(tiny_llama):
+    k, right_from, max_tokens = 4, 20, 42
+    prompts = PROMPTS[:3]
+    expected = _run(_engine(tiny_llama), prompts, temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+    def run(**adaptive):
+        engine = _engine(tiny_llama, draft_model="ngram", num_speculative_tokens=k, **adaptive)
+        oracle = engine.spec.proposer = OracleProposer({rid: out[0] for rid, out in expected.items()}, right_from)
+        assert _run(engine, prompts, temperature=0, max_tokens=max_tokens, ignore_eos=True) == expected
+        per_pos = engine.metrics.counters["llm_spec_decode_num_accepted_tokens_per_pos_total"]
+        return oracle.wrong_drafted, {dict(key)["position"]: v for key, v in per_pos.items()}
+
+    fixed_wrong, _ = run()
+    wrong, accepted_at = run(spec_adaptive=True, spec_probe_interval=4)
+    assert wrong < fixed_wrong / 5  # it stopped drafting while drafts were rejected, probing now and then
+    assert accepted_at.get(k - 1, 0) >= len(prompts)  # a probe found the copying and k grew back to the max
+
+
 def test_identical_draft_accepts_everything_and_emits_k_plus_one(tiny_llama):
     k = 4
     engine = _engine(tiny_llama, draft_model="self", draft_dtype="float32", num_speculative_tokens=k)
@@ -87,6 +143,18 @@ def test_large_batch_turns_speculation_off(tiny_llama):
     solo = _engine(tiny_llama, draft_model="self", num_speculative_tokens=2, spec_max_batch_size=2)
     _run(solo, PROMPTS[:1], temperature=0, max_tokens=6, ignore_eos=True)
     assert drafts < 5 * solo.metrics.total("llm_spec_decode_num_drafts_total")
+
+
+def test_large_batch_turns_adaptive_speculation_off(tiny_llama):
+    engine = _engine(tiny_llama, draft_model="self", num_speculative_tokens=2, spec_max_batch_size=2,
+                     spec_adaptive=True)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(engine.build_request(str(i), prompt, SamplingParams.from_dict(
+            {"temperature": 0, "max_tokens": 6, "ignore_eos": True})))
+    while engine.has_work():
+        engine.step()
+        if len(engine.scheduler.running) > 2:
+            assert engine.metrics.total("llm_spec_decode_num_drafts_total") == 0
 
 
 def test_seeded_sampling_with_speculation_is_reproducible(tiny_llama):

@@ -21,6 +21,7 @@ except ImportError:  # running from a checkout: the repository root is three lev
 from backend import EngineConfig, EngineLoop, EngineStopped, InvalidRequest, LLMEngine, RequestOutput, ServerBusy
 from backend.batch_view import WatchStream, engine_summary, is_watch_request
 from backend.metrics import PeriodicPublisher, TritonMetricsSink
+from backend.output_sender import TokenTexts, response_arrays
 from backend.request_inputs import INPUT_NAMES, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -50,6 +51,7 @@ class TritonPythonModel:
         )
         self.engine.metrics.add_sink(self.metrics_publisher)
         self.loop = EngineLoop(self.engine).start()
+        self.token_texts = TokenTexts(self.engine.tokenizer)  # decoded_token of the logprobs output
 
     def execute(self, requests):
         for request in requests:
@@ -72,11 +74,13 @@ class TritonPythonModel:
         parsed = parse_request(
             tensors, request.parameters(), self.engine.config.max_n, self.engine.max_model_len
         )
-        writer = _ResponseWriter(sender, parsed.prompt if not parsed.exclude_input_in_output else "")
+        prefix = parsed.prompt if not parsed.exclude_input_in_output else ""
+        writer = _ResponseWriter(sender, prefix, parsed.outputs, self.token_texts)
         engine_request = self.engine.build_request(
             uuid.uuid4().hex, parsed.prompt, parsed.params, stream=parsed.stream,
             on_output=writer.send, is_cancelled=sender.is_cancelled,
         )
+        engine_request.tracks_cumulative_logprob = "cumulative_logprob" in parsed.outputs
         self.loop.submit(engine_request)
 
     def _watch(self, sender):
@@ -100,9 +104,11 @@ class TritonPythonModel:
 class _ResponseWriter:
     """Turns engine outputs into Triton responses for one request."""
 
-    def __init__(self, sender, prompt_prefix: str):
+    def __init__(self, sender, prompt_prefix: str, outputs: frozenset, token_texts: TokenTexts):
         self.sender = sender
         self.prompt_prefix = prompt_prefix  # non-streaming: the prompt comes first unless excluded
+        self.outputs = outputs  # the additional outputs asked for
+        self.token_texts = token_texts
 
     def send(self, output: RequestOutput):
         if output.error is not None:
@@ -120,21 +126,5 @@ class _ResponseWriter:
 
     def _response(self, samples, output: RequestOutput):
         prefix = "" if output.request.stream else self.prompt_prefix
-        ids = [s.token_ids for s in samples]
-        width = max(len(x) for x in ids)
-        id_array = np.array([x + [-1] * (width - len(x)) for x in ids], dtype=np.int32)
-        tensors = [
-            pb_utils.Tensor("text_output", np.array([(prefix + s.text).encode() for s in samples], dtype=object)),
-            pb_utils.Tensor("output_ids", id_array[0] if len(samples) == 1 else id_array),
-            pb_utils.Tensor("num_input_tokens", np.array([output.num_input_tokens], dtype=np.uint32)),
-            pb_utils.Tensor("num_output_tokens", np.array([s.num_output_tokens for s in samples], dtype=np.uint32)),
-            pb_utils.Tensor("sample_index", np.array([s.sample_index for s in samples], dtype=np.int32)),
-        ]
-        if any(s.finish_reason is not None for s in samples):
-            reasons = [(s.finish_reason.value if s.finish_reason else "").encode() for s in samples]
-            tensors.append(pb_utils.Tensor("finish_reason", np.array(reasons, dtype=object)))
-        if samples[0].logprobs is not None:
-            tensors.append(pb_utils.Tensor(
-                "logprobs", np.array([json.dumps(s.logprobs).encode() for s in samples], dtype=object)
-            ))
-        return pb_utils.InferenceResponse(output_tensors=tensors)
+        arrays = response_arrays(output, samples, self.outputs, self.token_texts, prefix)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])

@@ -1,0 +1,95 @@
+"""Our C++ kernels (`lowbit.cpp`: low-bit linear layers; `layer_ops.cpp`: decoder-layer ops), built once with
+torch's C++ extension tooling and cached.
+
+The build has no CPU-specific flags: each instruction-set path is compiled with its own target pragma and the
+running CPU picks one per call (`best_isa`), so one artefact serves every x86 machine; the cache key is the
+source's hash and the torch version. `make venv` builds it (`python -m backend.kernels`); a server that finds
+no build makes one at load (about a minute on 2 cores) or, where that fails, runs the pure-torch path and says
+why in the load log.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name(n) for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp")]
+ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
+_REPO = Path(__file__).resolve().parents[2]
+_state: dict[str, object] = {}
+
+
+def cache_dir() -> Path:
+    """`LLM_KERNEL_CACHE`, else `.cache/kernels` in the checkout."""
+    return Path(os.environ.get("LLM_KERNEL_CACHE") or _REPO / ".cache" / "kernels")
+
+
+def build_key() -> str:
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()).hexdigest()
+    return digest[:16]
+
+
+def load():
+    """The compiled module, or None when it cannot be built here (the reason is in `load_error()`)."""
+    if "module" in _state:
+        return _state["module"]
+    module, error = None, ""
+    if os.environ.get("LLM_DISABLE_KERNELS", "").lower() in ("1", "true", "yes"):
+        error = "disabled by LLM_DISABLE_KERNELS"
+    else:
+        try:
+            from torch.utils import cpp_extension
+
+            _put_interpreter_bin_on_path()  # ninja (a pinned requirement) lives beside the interpreter
+            key = build_key()
+            build_dir = cache_dir() / key
+            build_dir.mkdir(parents=True, exist_ok=True)
+            module = cpp_extension.load(
+                name=f"llm_kernels_{key}", sources=[str(p) for p in SOURCES], build_directory=str(build_dir),
+                extra_cflags=["-O3", "-std=c++17", "-ffp-contract=off"], verbose=False,
+            )
+        except Exception as exc:  # a missing compiler or ninja: the pure-torch path still serves
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+    _state["module"], _state["error"] = module, error
+    if error:
+        log.warning("low-bit kernels unavailable (%s); the pure-torch path serves", error)
+    return module
+
+
+def _put_interpreter_bin_on_path() -> None:
+    bin_dir = str(Path(sys.executable or ".").resolve().parent)
+    if (Path(bin_dir) / "ninja").is_file() and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(p for p in (bin_dir, os.environ.get("PATH", "")) if p)
+
+
+def load_error() -> str:
+    load()
+    return str(_state.get("error", ""))
+
+
+def best_isa() -> int:
+    """2: AVX-512, 1: AVX2 + FMA + F16C, 0: no kernel for this CPU (or no build). `LLM_KERNEL_ISA` (avx2,
+    none) lowers it, to exercise the slower paths on a fast CPU."""
+    module = load()
+    isa = int(module.best_isa()) if module is not None else 0
+    forced = os.environ.get("LLM_KERNEL_ISA", "").lower()
+    if forced:
+        wanted = {name: code for code, name in ISA_NAMES.items()}.get(forced)
+        if wanted is None:
+            raise ValueError(f"LLM_KERNEL_ISA must be one of {sorted(ISA_NAMES.values())}, got {forced!r}")
+        isa = min(isa, wanted)
+    return isa
+
+
+def main() -> None:
+    """`python -m backend.kernels`: build (or find) the kernels and say what this CPU runs."""
+    logging.basicConfig(level=logging.INFO)
+    built = load()
+    state = "built" if built else "NOT built: " + load_error()
+    print(f"low-bit kernels: {state} in {cache_dir() / build_key()}; this CPU runs {ISA_NAMES[best_isa()]}")

@@ -1,0 +1,155 @@
+// The small ops of a Llama decoder layer, each one pass over its data instead of a handful of torch ops:
+// residual add + RMSNorm, SiLU(gate) * up, and RoPE + KV-cache write + attention over the paged KV blocks
+// in place (no gather of each sequence's blocks into a padded tensor). fp32 only. Element-wise arithmetic
+// follows Hugging Face's op for op (the extension is built with -ffp-contract=off, so `a * b + c * d` rounds
+// as torch rounds it); only the order of the reductions (sums of squares, dot products, softmax sums) differs.
+// Each function is compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks one for the running CPU
+// (GCC target_clones), so the build machine's flags never matter.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+#define CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+
+namespace {
+
+CLONES void add_rms_row(float* hidden, const float* delta, const float* weight, float* out, int64_t n, float eps) {
+  if (delta != nullptr)
+    for (int64_t i = 0; i < n; ++i) hidden[i] += delta[i];
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += hidden[i] * hidden[i];
+  const float inv = 1.f / std::sqrt(sum / (float)n + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (hidden[i] * inv);
+}
+
+CLONES void silu_mul_row(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+// HF's (x * cos) + (rotate_half(x) * sin) for one head of `dim` values.
+CLONES void rope_head(const float* x, const float* cos, const float* sin, float* out, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < half; ++i) out[i] = x[i] * cos[i] + (-x[i + half]) * sin[i];
+  for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
+}
+
+CLONES float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+CLONES void axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+CLONES void scale_row(float* y, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+}  // namespace
+
+// hidden += delta (when given), then RMSNorm(hidden) * weight; hidden is updated in place.
+at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps) {
+  TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.is_contiguous() && hidden.dim() == 2,
+              "hidden must be a contiguous 2-D float32 tensor");
+  const int64_t rows = hidden.size(0), n = hidden.size(1);
+  at::Tensor d;
+  if (delta.has_value()) {
+    d = delta->contiguous();
+    TORCH_CHECK(d.sizes() == hidden.sizes() && d.scalar_type() == at::kFloat, "delta must match hidden");
+  }
+  at::Tensor w = weight.contiguous();
+  TORCH_CHECK(w.numel() == n && w.scalar_type() == at::kFloat, "weight must hold one float32 per column");
+  auto out = at::empty_like(hidden);
+  for (int64_t r = 0; r < rows; ++r)
+    add_rms_row(hidden.data_ptr<float>() + r * n, d.defined() ? d.data_ptr<float>() + r * n : nullptr,
+                w.data_ptr<float>(), out.data_ptr<float>() + r * n, n, (float)eps);
+  return out;
+}
+
+// SiLU(gate_up[:, :I]) * gate_up[:, I:] for gate_up [T, 2I].
+at::Tensor silu_mul(at::Tensor gate_up) {
+  TORCH_CHECK(gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
+              "gate_up must be a 2-D float32 tensor with an even width");
+  gate_up = gate_up.contiguous();
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  auto out = at::empty({rows, n}, gate_up.options());
+  const float* g = gate_up.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) silu_mul_row(g + r * 2 * n, g + r * 2 * n + n, out.data_ptr<float>() + r * n, n);
+  return out;
+}
+
+// One layer's attention for a step of short queries, reading the paged KV cache in place.
+//   qkv [T, (H + 2 KVH) * D]: this step's projections; cos, sin [T, D]: rotary tables of each row's position
+//   layer_cache [2, blocks, block_size, KVH, D]: written at `slots` [T] with the rotated keys and the values
+//   positions [T]: each row's position; row_seq [T]: its sequence, an index into block_tables [S, max_blocks]
+// Row t attends to its sequence's keys at positions 0..positions[t] (causal, so draft rows of one sequence see
+// the drafts before them). Returns [T, H * D].
+at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor layer_cache,
+                                at::Tensor slots, at::Tensor positions, at::Tensor row_seq, at::Tensor block_tables,
+                                int64_t heads, int64_t kv_heads, double scale) {
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat && layer_cache.scalar_type() == at::kFloat,
+              "rope_paged_attention is float32 only");
+  TORCH_CHECK(layer_cache.is_contiguous() && layer_cache.dim() == 5, "layer_cache must be contiguous [2, B, S, KVH, D]");
+  qkv = qkv.contiguous();
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  auto slot = slots.to(at::kLong).contiguous();
+  auto pos = positions.to(at::kLong).contiguous();
+  auto seq = row_seq.to(at::kLong).contiguous();
+  auto tables = block_tables.to(at::kLong).contiguous();
+  const int64_t rows = qkv.size(0), dim = layer_cache.size(4), block_size = layer_cache.size(2);
+  const int64_t cache_half = layer_cache.numel() / 2, width = (heads + 2 * kv_heads) * dim;
+  TORCH_CHECK(qkv.size(1) == width && layer_cache.size(3) == kv_heads, "qkv / cache shapes do not match the heads");
+  TORCH_CHECK(cos.size(0) == rows && cos.size(1) == dim && sin.sizes() == cos.sizes(), "cos/sin must be [T, D]");
+  float* cache = layer_cache.data_ptr<float>();
+  const float* x = qkv.data_ptr<float>();
+  auto queries = at::empty({rows, heads * dim}, qkv.options());
+  float* q = queries.data_ptr<float>();
+  const int64_t* slot_p = slot.data_ptr<int64_t>();
+  for (int64_t t = 0; t < rows; ++t) {  // RoPE on q and k, keys and values into their slots
+    const float* c = cos.data_ptr<float>() + t * dim;
+    const float* s = sin.data_ptr<float>() + t * dim;
+    for (int64_t h = 0; h < heads; ++h) rope_head(x + t * width + h * dim, c, s, q + (t * heads + h) * dim, dim);
+    float* key_slot = cache + slot_p[t] * kv_heads * dim;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      rope_head(x + t * width + (heads + h) * dim, c, s, key_slot + h * dim, dim);
+      const float* v = x + t * width + (heads + kv_heads + h) * dim;
+      std::copy(v, v + dim, cache + cache_half + slot_p[t] * kv_heads * dim + h * dim);
+    }
+  }
+  auto out = at::zeros({rows, heads * dim}, qkv.options());
+  float* o = out.data_ptr<float>();
+  const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
+  const int64_t* pos_p = pos.data_ptr<int64_t>();
+  const int64_t* seq_p = seq.data_ptr<int64_t>();
+  const int64_t* table_p = tables.data_ptr<int64_t>();
+  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / heads, h = task % heads, kvh = h / group, context = pos_p[t] + 1;
+      const int64_t* table = table_p + seq_p[t] * max_blocks;
+      TORCH_CHECK((context + block_size - 1) / block_size <= max_blocks, "block table too short for row ", t);
+      const float* qh = q + (t * heads + h) * dim;
+      scores.resize(context);
+      float top = -INFINITY;
+      for (int64_t j = 0; j < context; ++j) {
+        const int64_t at_slot = table[j / block_size] * block_size + j % block_size;
+        scores[j] = dot(qh, cache + (at_slot * kv_heads + kvh) * dim, dim) * (float)scale;
+        top = std::max(top, scores[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < context; ++j) total += (scores[j] = std::exp(scores[j] - top));
+      float* oh = o + (t * heads + h) * dim;
+      for (int64_t j = 0; j < context; ++j) {
+        const int64_t at_slot = table[j / block_size] * block_size + j % block_size;
+        axpy(scores[j], cache + cache_half + (at_slot * kv_heads + kvh) * dim, oh, dim);
+      }
+      scale_row(oh, 1.f / total, dim);
+    }
+  });
+  return out;
+}

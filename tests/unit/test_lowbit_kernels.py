@@ -1,0 +1,127 @@
+"""The C++ low-bit kernels (backend/kernels/lowbit.cpp) against the dense fp32 matmul on the same
+de-quantized weights: every instruction set this CPU runs, M = 1..64, odd widths, both block formats."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend import kernels
+from backend.linear import DenseLinear, LowBitLinear, make_linear
+from backend.weight_blocks import FORMATS, Blocks, quantize_q8_0
+
+# Relative to the output's scale: fp32 sums of up to a few thousand products in another order.
+TOLERANCE = 2e-6
+
+
+def random_blocks(format: str, rows: int, cols: int, seed: int = 0) -> Blocks:
+    g = torch.Generator().manual_seed(seed)
+    nb = cols // 32
+    d = (torch.rand(rows, nb, generator=g) * 0.02 + 1e-3).to(torch.float16)
+    if format == "q4_1":
+        m = (-(torch.rand(rows, nb, generator=g)) * 0.1).to(torch.float16)
+        q = torch.randint(0, 16, (rows, nb, 32), generator=g, dtype=torch.uint8)
+        return Blocks("q4_1", d, m, q)
+    q = torch.randint(-128, 128, (rows, nb, 32), generator=g, dtype=torch.int8)
+    return Blocks("q8_0", d, None, q)
+
+
+@pytest.fixture(scope="module")
+def module():
+    built = kernels.load()
+    assert built is not None, f"the low-bit kernels did not build: {kernels.load_error()}"
+    return built
+
+
+def isas() -> list[int]:
+    """Every instruction set this CPU runs (AVX2 is also exercised on an AVX-512 CPU)."""
+    best = kernels.best_isa()
+    return [isa for isa in (1, 2) if isa <= best]
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+
+def test_this_cpu_runs_a_kernel(module):
+    assert kernels.best_isa() >= 1, "every x86 machine the project runs on has AVX2 + FMA + F16C"
+
+
+@pytest.mark.parametrize("format", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows,cols", [(16, 32), (40, 96), (7, 64), (960, 576), (33, 1536)])
+def test_kernel_equals_dense_fp32_for_every_batch_size(module, format, rows, cols):
+    blocks = random_blocks(format, rows, cols, seed=rows + cols)
+    packed, dense = blocks.pack(), blocks.dequantize()
+    x = torch.randn(64, cols, generator=torch.Generator().manual_seed(1))
+    want_all = x @ dense.T
+    for isa in isas():
+        for m in range(1, 65):
+            got = module.lowbit_linear(x[:m], packed, rows, FORMATS[format], isa)
+            assert got.shape == (m, rows)
+            err = relative_error(got, want_all[:m])
+            assert err < TOLERANCE, f"isa {isa} M={m}: relative error {err:.2e}"
+
+
+def test_kernel_is_not_just_close_by_luck(module):
+    """A wrong weight (one q changed) must show: the comparison above can fail."""
+    blocks = random_blocks("q4_1", 16, 64)
+    x = torch.randn(3, 64)
+    want = x @ blocks.dequantize().T
+    blocks.q[5, 1, 7] = (blocks.q[5, 1, 7] + 3) % 16
+    got = module.lowbit_linear(x, blocks.pack(), 16, FORMATS["q4_1"], kernels.best_isa())
+    assert relative_error(got, want) > 1e-4
+
+
+def test_kernel_refuses_mismatched_inputs(module):
+    blocks = random_blocks("q8_0", 16, 64)
+    with pytest.raises(RuntimeError, match="packed holds"):
+        module.lowbit_linear(torch.randn(2, 64), blocks.pack()[:-1].contiguous(), 16, 1, 1)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        module.lowbit_linear(torch.randn(2, 48), blocks.pack(), 16, 1, 1)
+    with pytest.raises(RuntimeError, match="float32"):
+        module.lowbit_linear(torch.randn(2, 64, dtype=torch.bfloat16), blocks.pack(), 16, 1, 1)
+
+
+def test_dequantize_is_the_reference_formula():
+    blocks = random_blocks("q4_1", 4, 64)
+    want = blocks.d.float()[..., None] * blocks.q.float() + blocks.m.float()[..., None]
+    assert torch.equal(blocks.dequantize(), want.reshape(4, 64))
+
+
+def test_quantize_q8_0_round_trips_its_own_grid():
+    weight = torch.randn(24, 96)
+    blocks = quantize_q8_0(weight)
+    again = quantize_q8_0(blocks.dequantize())
+    assert torch.equal(again.dequantize(), blocks.dequantize())
+    assert relative_error(blocks.dequantize(), weight) < 1e-2
+
+
+def test_low_bit_linear_uses_the_kernel_for_small_batches_and_dense_beyond(module):
+    blocks = random_blocks("q4_1", 48, 128)
+    weight = blocks.dequantize()
+    layer = make_linear([weight[:16], weight[16:]], [None, None], "none", 4,
+                        [blocks_slice(blocks, 0, 16), blocks_slice(blocks, 16, 48)], kernels.best_isa())
+    assert isinstance(layer, LowBitLinear)
+    for m in (1, 4, 5, 40):
+        x = torch.randn(m, 128)
+        assert relative_error(layer(x), x @ weight.T) < TOLERANCE
+
+
+def test_forced_fallback_is_the_dense_path():
+    """A CPU without a kernel (isa 0) gets the dense fp32 layer: the pure-torch path."""
+    blocks = random_blocks("q4_1", 16, 64)
+    layer = make_linear([blocks.dequantize()], [None], "none", 8, [blocks.packed()], isa=0)
+    assert type(layer) is DenseLinear
+
+
+def test_forced_instruction_set(monkeypatch):
+    monkeypatch.setenv("LLM_KERNEL_ISA", "none")
+    assert kernels.best_isa() == 0
+    monkeypatch.setenv("LLM_KERNEL_ISA", "avx2")
+    assert kernels.best_isa() == 1
+    monkeypatch.setenv("LLM_KERNEL_ISA", "sse")
+    with pytest.raises(ValueError, match="LLM_KERNEL_ISA"):
+        kernels.best_isa()
+
+
+def blocks_slice(blocks: Blocks, start: int, stop: int):
+    return blocks.rows(torch.arange(start, stop)).packed()
