@@ -43,8 +43,10 @@ class LLMEngine:
         dtype, quantization = _resolve_weights(config, config.model, config.dtype, config.quantization)
         config = self.config = dataclasses.replace(config, dtype=dtype, quantization=quantization)
         self.metrics = metrics or EngineMetrics()
-        torch.set_num_threads(config.num_threads or serving_threads())
-        log.info("%d torch threads", torch.get_num_threads())
+        # torch threads for a step of one sequence and for a larger one (num_threads: 0 picks by measurement)
+        self.threads = (config.num_threads,) * 2 if config.num_threads else (serving_threads(True), serving_threads())
+        torch.set_num_threads(self.threads[1])
+        log.info("torch threads: %d for a step of one sequence, %d for larger steps", *self.threads)
         shape = ModelRunner.read_shape(config.model)
         self.max_model_len = min(config.max_model_len or shape.max_model_len, shape.max_model_len)
         self.max_prompt_bytes = config.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_model_len
@@ -222,6 +224,9 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> None:
+        threads = self.threads[0] if len(sched.scheduled) == 1 else self.threads[1]
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
         copies = self.block_manager.take_pending_copies()
         self.runner.copy_blocks(copies)
         if self.spec is not None:

@@ -91,15 +91,17 @@ def resolve_weights(
     return dtype, quantization, f"set in the configuration; dtype {why}"
 
 
-def serving_threads() -> int:
-    """torch intra-op threads for `num_threads: 0`: every core but one. The server's own threads (HTTP/gRPC,
-    response sending, metrics) need a core; when they take one from torch's workers, each op waits for the
-    preempted worker (measured on 2 cores through Triton: 82 tok/s at batch 1 with one thread, 56 with two)."""
+def serving_threads(single_sequence: bool = False) -> int:
+    """torch intra-op threads for `num_threads: 0`. A step of several sequences gets every core but one: the
+    server's own threads (HTTP/gRPC, response sending, metrics) need a core, and when they take one from torch's
+    workers each op waits for the preempted worker (through Triton on 2 cores, 2 threads measured 0.87x / 0.91x
+    of one at 8 / 32 streams). A step of one sequence is short enough that every core pays (1.10x at 1
+    stream): docs/benchmarks.md, section 7."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return cores if single_sequence else max(1, cores - 1)
 
 
 def resolve_for_model(model_dir: str, dtype: str, quantization: str, device: str) -> tuple[str, str, str, int]:

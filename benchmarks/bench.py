@@ -131,7 +131,7 @@ def run_sections(bench: Bench, only: list[int], workdir: Path) -> tuple[dict[int
     try:
         if variants:
             try:
-                bench.server = Server(bench.s.threads, workdir, variants)
+                bench.server = Server(bench.s.engine_threads, workdir, variants)
             except Exception:
                 errors.update({n: "tritonserver did not start:\n" + traceback.format_exc()
                                for n in only if n in SERVED_VARIANTS})
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from backend.hardware import serving_threads
 
+    args.engine_threads = args.threads  # 0: the engine's own rule (backend/hardware.py serving_threads)
     args.peer_threads = args.threads or torch.get_num_threads()
     args.threads = args.threads or serving_threads()
     settings = make_settings(args)

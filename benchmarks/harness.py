@@ -50,6 +50,8 @@ VARIANTS = {MAIN_MODEL: {}, SEED_MODEL: {"max_num_seqs": "8"},
 @dataclass
 class Settings:
     threads: int  # our engine's torch threads (in process and in the server): its serving default
+    engine_threads: int  # what the engine is configured with (`num_threads`): 0, its own per-step rule, unless
+    # --threads fixes it
     peer_threads: int  # Hugging Face's and llama.cpp's: each peer at its own best, every core
     max_tokens: int  # sections 2, 3, 5, 6
     concurrency: list[int]  # sections 2, 3, 6
@@ -73,13 +75,13 @@ class Settings:
 
 def make_settings(args) -> Settings:
     if args.quick:
-        s = Settings(threads=args.threads, peer_threads=args.peer_threads, max_tokens=8, concurrency=[1, 4], load_levels=[1, 2, 4],
+        s = Settings(threads=args.threads, engine_threads=args.engine_threads, peer_threads=args.peer_threads, max_tokens=8, concurrency=[1, 4], load_levels=[1, 2, 4],
                      requests_per_stream=2, load_requests_per_stream=2, load_min_requests=2, min_requests=2,
                      seed_requests=16, seed_token_scale=1 / 16, seed_repeats=[1], repeats=1, roofline_batch=8,
                      decode_steps=4, profile_steps=2, decode_tokens=16, decode_requests=1,
                      llama_bench_repetitions=1, quick=True)
     else:
-        s = Settings(threads=args.threads, peer_threads=args.peer_threads, max_tokens=64, concurrency=[1, 8, 32],
+        s = Settings(threads=args.threads, engine_threads=args.engine_threads, peer_threads=args.peer_threads, max_tokens=64, concurrency=[1, 8, 32],
                      load_levels=[1, 2, 4, 8, 16, 32, 64], requests_per_stream=2, load_requests_per_stream=1.5,
                      load_min_requests=8, min_requests=4, seed_requests=32, seed_token_scale=1.0,
                      seed_repeats=[1, 2], repeats=2, roofline_batch=32, decode_steps=16, profile_steps=4,
@@ -303,7 +305,7 @@ class Bench:
             from backend import EngineConfig, LLMEngine
 
             log(f"loading the in-process engine ({variant})")
-            params = {**engine_parameters(self.s.threads, variant), "model": self.model_dir}
+            params = {**engine_parameters(self.s.engine_threads, variant), "model": self.model_dir}
             engine = LLMEngine(EngineConfig.from_parameters(params))
             run_engine_requests(engine, [(PROMPTS[0], 4)] * 2, GREEDY, 2)  # warm-up
             self._engines[variant] = engine

@@ -30,7 +30,7 @@ def summary(bench: Bench, info: dict, errors: dict[int, str]) -> list[str]:
         "",
         f"Machine: {info['host_cpu']}, {info['logical_cpus']} logical CPUs, {info['memory_gib']} GiB RAM, "
         f"CPU flags {' '.join(info.get('cpu_flags', [])) or 'unknown'} (our low-bit kernel: "
-        f"{info.get('kernel_isa', 'n/a')}), our engine {bench.s.threads} torch thread(s), the peers {bench.s.peer_threads}; run on {info['date']}.",
+        f"{info.get('kernel_isa', 'n/a')}), our engine {bench.s.engine_threads or 'its default'} torch thread(s), the peers {bench.s.peer_threads}; run on {info['date']}.",
         "",
         "| target | what | measured at | measured | target | verdict | what bounds it (below) |",
         "|---|---|---|---|---|---|---|",
@@ -56,7 +56,7 @@ def _not_measured(bench: Bench, section: int, errors: dict[int, str]) -> str:
 
 def machine_and_settings(bench: Bench, info: dict) -> list[str]:
     s = bench.s
-    params = engine_parameters(s.threads)
+    params = engine_parameters(s.engine_threads)
     return [
         "## Machine and settings",
         "",
@@ -64,8 +64,8 @@ def machine_and_settings(bench: Bench, info: dict) -> list[str]:
         "|---|---|",
         f"| CPU | {info['host_cpu']}, {info['logical_cpus']} logical CPUs, {info['memory_gib']} GiB RAM |",
         f"| CPU flags | {' '.join(info.get('cpu_flags', []))}; our low-bit kernel runs {info.get('kernel_isa', 'n/a')} |",
-        f"| threads | ours {s.threads} (the in-process runs and the server's `num_threads`: its default, every core "
-        f"but one); Hugging Face and llama.cpp (`-t`) {s.peer_threads} (every core): each at its own best |",
+        f"| threads | ours: `num_threads` {s.engine_threads or DEFAULT_THREADS}; Hugging Face and llama.cpp "
+        f"(`-t`) {s.peer_threads} (every core): each at its own best |",
         f"| load average (1, 5, 15 min) | start {info['load_average_start']}, end {info['load_average_end']} |",
         f"| software | Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
         f"{info['platform']} |",
@@ -119,6 +119,9 @@ NOTES = [
     "listens on loopback only.",
     "",
 ]
+
+
+DEFAULT_THREADS = "0 (its default: every core for a step of one sequence, every core but one for larger steps)"
 
 
 def write_report(bench: Bench, info: dict, titles: dict[int, str], sections: dict[int, list[str]],

@@ -62,7 +62,9 @@ def bytes_per_step(engine, batch: int) -> dict[str, int]:
 
 def describe_bytes(engine, batch: int) -> str:
     layer = engine_linears(engine)[0]
-    if batch <= getattr(layer, "max_m", 0) and hasattr(layer, "int4"):
+    if batch <= getattr(layer, "max_m", 0) and hasattr(layer, "blocks"):
+        kind = "the GGUF's own blocks, Q4_1 (4.5 bits per weight; the LM head Q8_0, 8.5 bits)"
+    elif batch <= getattr(layer, "max_m", 0) and hasattr(layer, "int4"):
         kind = "int4: 0.5 byte per weight + a scale and a zero per 32 weights"
     elif batch <= getattr(layer, "max_m", 0) and hasattr(layer, "int8"):
         kind = "int8: 1 byte per weight + a scale per row"

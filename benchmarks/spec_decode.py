@@ -160,7 +160,7 @@ def run(bench) -> list[str]:
     """The report section: the served configuration (its draft model and k, else n-gram with k 4) at batch 1."""
     from benchmarks.harness import engine_parameters, log
 
-    params = {**engine_parameters(bench.s.threads), "model": bench.model_dir}
+    params = {**engine_parameters(bench.s.engine_threads), "model": bench.model_dir}
     draft = params.get("draft_model") or "ngram"
     k = int(params.get("num_speculative_tokens", "0")) or 4
     runs, max_tokens = (1, 16) if bench.s.quick else (3, 128)

@@ -513,3 +513,23 @@ def test_speculation_with_parallel_samples_when_the_last_prompt_chunk_is_one_tok
     assert not stuck, "the request never finished"
     expected = hf_greedy(tiny_llama, request.prompt_token_ids, 6)
     assert [s.token_ids for s in outputs[-1].samples] == [expected, expected]
+
+
+def test_threads_follow_the_step_size(make_engine, monkeypatch):
+    """`num_threads: 0`: a step of one sequence runs on the single-sequence thread count, a larger one on the
+    batch count (backend/hardware.py serving_threads); the thread count a step used is recorded per call."""
+    import torch
+
+    engine = make_engine()
+    engine.threads = (3, 1)  # distinct counts, so the test sees which one each step took
+    used = []
+    forward = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward", lambda items: used.append((len(items), torch.get_num_threads()))
+                        or forward(items))
+    try:
+        run(engine, [engine.build_request("one", "Hello there", greedy(3))])
+        run(engine, [engine.build_request(f"b{i}", "Hello there", greedy(3)) for i in range(3)])
+    finally:
+        torch.set_num_threads(engine.threads[1])
+    assert used and {threads for n, threads in used if n == 1} == {3}
+    assert {threads for n, threads in used if n > 1} == {1}

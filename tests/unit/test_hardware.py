@@ -55,3 +55,13 @@ def test_fp32_kinds_refuse_a_bf16_dtype():
     assert resolve_weights("auto", "q8_0", "cpu", False, 1, AVX2)[:2] == ("float32", "q8_0")
     with pytest.raises(ValueError, match="float32"):
         resolve_weights("bfloat16", "gguf", "cpu", True, 1, AVX512_BF16)
+
+
+def test_serving_threads_leave_a_core_to_the_server_except_for_one_sequence():
+    import os
+
+    from backend.hardware import serving_threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert serving_threads(single_sequence=True) == cores
+    assert serving_threads() == max(1, cores - 1)
