@@ -6,9 +6,13 @@
 #   make kernels  .cache/kernels/ (our C++ low-bit kernels, built with torch's extension tooling)
 #   make weights  .cache/weights/ (the model's GGUF blocks, checked and packed for the kernels)
 #   make serve    run tritonserver and the OpenAI front door in the foreground (HTTP_PORT=8000 GRPC_PORT=8001
-#                 METRICS_PORT=8002 OPENAI_PORT=9000); one Ctrl-C stops both
+#                 METRICS_PORT=8002 OPENAI_PORT=9000; API_KEY=... makes the front door require it); one Ctrl-C
+#                 stops both
 #   make test     .venv/bin/python -m pytest tests $(PYTEST_ARGS)   (after make browser)
+#   make lm-eval  lm-eval in process vs. through a running front door (own .venv-lmeval; LM_EVAL_ARGS=...)
 #   make browser  Debian's chromium for the web page's browser test, when missing and apt-get can run
+#   make serve-replicas  N=2 replicas behind Debian's HAProxy on OPENAI_PORT (scripts/serve_replicas.py)
+#   make deploy-check    render, validate and lint deploy/ (Kubernetes manifests; also part of make test)
 #   make clean    remove .venv, .triton and .cache (keeps models/);  make clean-all also removes models/
 #
 # Every target is idempotent: finished work is skipped (stamp files / existing outputs).
@@ -24,6 +28,9 @@ HTTP_PORT    ?= 8000
 GRPC_PORT    ?= 8001
 METRICS_PORT ?= 8002
 OPENAI_PORT  ?= 9000
+# The front door's API key (make serve API_KEY=...; or LLM_API_KEY in the environment). Passed to it through
+# the environment, never on a command line.
+API_KEY      ?= $(LLM_API_KEY)
 PYTEST_ARGS  ?=
 
 VENV_PY      := $(VENV)/bin/python
@@ -40,7 +47,7 @@ SHELL := /bin/bash
 .PHONY: help venv model triton kernels weights setup serve test browser clean clean-all
 
 help:
-	@sed -n '2,14p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
+	@sed -n '2,/^$$/p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
 
 venv: $(VENV_STAMP)
 model: $(MODEL_STAMP)
@@ -93,6 +100,7 @@ $(TRITON_STAMP): $(VENV_STAMP)
 	rm -rf $(TRITON_DIR)/backends && mv $(TRITON_DIR)/backends.tmp $(TRITON_DIR)/backends
 	@touch $@
 
+serve: export LLM_API_KEY = $(API_KEY)
 serve: venv model triton kernels weights
 	$(VENV_PY) scripts/serve.py --model-repository $(MODEL_REPOSITORY) \
 	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
@@ -106,15 +114,57 @@ test: venv model triton kernels weights browser
 browser:
 	@if [ -n "$${CHROMIUM:-}" ] || command -v chromium >/dev/null || command -v chromium-browser >/dev/null \
 	  || command -v google-chrome >/dev/null; then exit 0; fi; \
-	if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
-	else echo "warning: no chromium and no way to apt-get it; the browser test will fail" >&2; exit 0; fi; \
-	if ! command -v apt-get >/dev/null; then echo "warning: no chromium and no apt-get; the browser test will fail" >&2; exit 0; fi; \
-	echo "installing Debian's chromium for the browser test"; \
-	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
-	  || echo "warning: installing chromium failed; the browser test will fail" >&2
+	$(call apt-install,chromium,the browser test)
+
+# Debian's package $(1), installed where apt-get can run (as root, or through password-less sudo); otherwise a
+# warning that $(2) will fail.
+define apt-install
+if [ "$$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+else echo "warning: no $(1) and no way to apt-get it; $(2) will fail" >&2; exit 0; fi; \
+if ! command -v apt-get >/dev/null; then echo "warning: no $(1) and no apt-get; $(2) will fail" >&2; exit 0; fi; \
+echo "installing Debian's $(1) for $(2)"; \
+$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(1) >/dev/null \
+  || echo "warning: installing $(1) failed; $(2) will fail" >&2
+endef
+
+# Replicas on one machine behind a real proxy (docs/deploy.md): N supervised launches on ports 8100 + 100 * i,
+# Debian's HAProxy on OPENAI_PORT (least connections, health checks, retries of requests not yet answered).
+# loadtest/failover.py kills one replica's tritonserver under load and reports (FAILOVER_ARGS=...).
+N ?= 2
+FAILOVER_ARGS ?=
+.PHONY: haproxy serve-replicas failover deploy-check
+haproxy:
+	@if [ -n "$${HAPROXY:-}" ] || command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ]; then exit 0; fi; \
+	$(call apt-install,haproxy,serve-replicas)
+
+serve-replicas: venv model triton kernels weights haproxy
+	$(VENV_PY) scripts/serve_replicas.py --replicas $(N) --port $(OPENAI_PORT)
+
+failover: venv model triton kernels weights haproxy
+	$(VENV_PY) loadtest/failover.py $(FAILOVER_ARGS)
+
+# The Kubernetes manifests under deploy/ (kubectl, yamllint and kubernetes-validate come with the venv).
+deploy-check: venv
+	$(VENV_PY) -m deploy.check
 
 clean:
 	rm -rf $(VENV) $(TRITON_DIR) .cache .pytest_cache
 
 clean-all: clean
 	rm -rf models
+
+# lm-evaluation-harness in a virtual environment of its own (the server's .venv and its pins stay untouched):
+# scores benchmarks/lm_eval's task in process and through the front door of a running `make serve`, and
+# compares the two request by request (benchmarks/lm_eval/run.py $(LM_EVAL_ARGS); --skip-served: in process only).
+LMEVAL_VENV  ?= .venv-lmeval
+LM_EVAL_ARGS ?=
+.PHONY: lm-eval lm-eval-venv
+lm-eval-venv: $(LMEVAL_VENV)/.requirements.stamp
+$(LMEVAL_VENV)/.requirements.stamp: benchmarks/lm_eval/requirements.txt
+	@test -x "$(PYTHON)" || { echo "error: $(PYTHON) not found" >&2; exit 1; }
+	test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/pip install -r benchmarks/lm_eval/requirements.txt
+	touch $@
+
+lm-eval: lm-eval-venv
+	$(LMEVAL_VENV)/bin/python benchmarks/lm_eval/run.py $(LM_EVAL_ARGS)

@@ -117,20 +117,14 @@ class LLMEngine:
         return DraftModelProposer(runner, self.sampler)
 
     # ---- admission ------------------------------------------------------------------------------------
-    def build_request(self, request_id: str, prompt: str, params: SamplingParams, **kwargs) -> Request:
-        """Tokenize and check a request against the model and the pool; raises InvalidRequest. Thread-safe
-        with respect to the engine thread (it uses its own tokenizer)."""
-        if not prompt:
-            raise InvalidRequest("text_input must be a non-empty string")
-        # Checked before tokenizing: a multi-megabyte prompt would cost a full tokenizer pass first.
-        if len(prompt) > self.max_prompt_bytes or len(prompt.encode("utf-8")) > self.max_prompt_bytes:
-            raise InvalidRequest(
-                f"text_input is {len(prompt.encode('utf-8'))} bytes of UTF-8; at most {self.max_prompt_bytes} are "
-                f"allowed (max_prompt_bytes; the model's limit is {self.max_model_len} tokens)"
-            )
-        token_ids = self.input_tokenizer(prompt).input_ids
-        if not token_ids:
-            raise InvalidRequest("text_input produced no tokens")
+    def build_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, **kwargs) -> Request:
+        """Tokenize (or, for token ids, check and decode) and check a request against the model and the pool;
+        raises InvalidRequest. Thread-safe with respect to the engine thread (it uses its own tokenizer)."""
+        if isinstance(prompt, str):
+            token_ids = self._tokenize(prompt)
+        else:
+            token_ids = self._check_token_ids(prompt)
+            prompt = self.input_tokenizer.decode(token_ids)
         total = len(token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise InvalidRequest(
@@ -150,12 +144,37 @@ class LLMEngine:
             )
         if params.top_k > self.vocab_size:
             raise InvalidRequest(f"top_k must be at most the vocabulary size {self.vocab_size}, got {params.top_k}")
-        bad_ids = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
-        if bad_ids:
-            raise InvalidRequest(f"stop_token_ids must be token ids below {self.vocab_size}, got {bad_ids}")
+        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias keys", params.logit_bias)):
+            bad_ids = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad_ids:
+                raise InvalidRequest(f"{name} must be token ids below {self.vocab_size}, got {bad_ids[:8]}")
         base_seed = int(self._seed_source.integers(0, 2**62))
         grammar = self.structured.compile(params.guided_decoding)  # starts now, on the compiler's threads
         return Request(request_id, prompt, token_ids, params, base_seed=base_seed, grammar=grammar, **kwargs)
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        if not prompt:
+            raise InvalidRequest("text_input must be a non-empty string")
+        # Checked before tokenizing: a multi-megabyte prompt would cost a full tokenizer pass first.
+        if len(prompt) > self.max_prompt_bytes or len(prompt.encode("utf-8")) > self.max_prompt_bytes:
+            raise InvalidRequest(
+                f"text_input is {len(prompt.encode('utf-8'))} bytes of UTF-8; at most {self.max_prompt_bytes} are "
+                f"allowed (max_prompt_bytes; the model's limit is {self.max_model_len} tokens)"
+            )
+        token_ids = self.input_tokenizer(prompt).input_ids
+        if not token_ids:
+            raise InvalidRequest("text_input produced no tokens")
+        return token_ids
+
+    def _check_token_ids(self, token_ids: list[int]) -> list[int]:
+        if not token_ids:
+            raise InvalidRequest("input_ids must hold at least one token id")
+        if len(token_ids) > self.max_model_len:
+            raise InvalidRequest(f"input_ids has {len(token_ids)} tokens; the model's limit is {self.max_model_len}")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequest(f"input_ids must be token ids from 0 to {self.vocab_size - 1}, got {bad[:8]}")
+        return list(token_ids)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -232,12 +251,16 @@ class LLMEngine:
         if self.spec is not None:
             self.spec.propose(sched, copies)
         self.faults.before_forward(s.seq.request.prompt for s in sched.scheduled)
-        items = []
+        items, prompt_rows = [], []
         for s in sched.scheduled:
             seq = s.seq
             tokens = seq.token_ids[s.start : s.start + s.num_new_tokens - s.num_spec_tokens] + seq.spec_token_ids
-            items.append(ForwardItem(tokens, s.start, seq.block_table, s.num_spec_tokens + 1 if s.samples else 0))
+            prompt_rows.append(_prompt_logprob_rows(s))
+            num_logits = prompt_rows[-1] + (s.num_spec_tokens + 1 if s.samples else 0)
+            items.append(ForwardItem(tokens, s.start, seq.block_table, num_logits))
         logits = self.runner.forward(items)
+        if any(prompt_rows):
+            logits = self._take_prompt_logprobs(sched.scheduled, prompt_rows, logits)
         self.structured.mask_logits(sched.scheduled, logits)
         row = 0
         for s in sched.scheduled:
@@ -252,6 +275,25 @@ class LLMEngine:
                 self._sample(s, logits[row])
                 row += 1
 
+    def _take_prompt_logprobs(self, scheduled: list[ScheduledSeq], prompt_rows: list[int],
+                              logits: torch.Tensor) -> torch.Tensor:
+        """Record the prompt logprobs of the chunks that asked for them (their first rows: position p's logits
+        score prompt token p + 1); returns the rows left for sampling and verification."""
+        keep, row = [], 0
+        for s, num_prompt_rows in zip(scheduled, prompt_rows):
+            if num_prompt_rows:
+                request = s.seq.request
+                scored = request.prompt_token_ids[s.start + 1 : s.start + 1 + num_prompt_rows]
+                entries = self.sampler.logprobs_rows(logits[row : row + num_prompt_rows], scored,
+                                                     request.params.prompt_logprobs)
+                # a chunk computed again after a preemption adds only the positions not yet scored
+                request.prompt_logprobs += entries[len(request.prompt_logprobs) - 1 - s.start :]
+                row += num_prompt_rows
+            num_sampled = s.num_spec_tokens + 1 if s.samples else 0
+            keep.extend(range(row, row + num_sampled))
+            row += num_sampled
+        return logits[keep]
+
     def _sample(self, s: ScheduledSeq, logits: torch.Tensor) -> None:
         seq = s.seq
         family = [seq]
@@ -262,7 +304,10 @@ class LLMEngine:
             self.scheduler.add_forked(children)
             family += children
         for member in family:
-            self.outputs.append(member, self.sampler.sample(logits, member), logits)
+            if member.params.max_tokens == 0:  # the prompt scored (prompt_logprobs), nothing generated
+                self.outputs.finish(member, FinishReason.LENGTH)
+            else:
+                self.outputs.append(member, self.sampler.sample(logits, member), logits)
 
     # ---- outputs and statistics -----------------------------------------------------------------------
     def _collect(self, request: Request) -> RequestOutput | None:
@@ -286,12 +331,21 @@ class LLMEngine:
         self.metrics.set("llm_requests_running", len(self.scheduler.running))
         self.metrics.set("llm_requests_waiting", len(self.scheduler.waiting))
         self.metrics.set("llm_kv_cache_blocks_used", bm.num_used_blocks)
+        self.metrics.set("llm_kv_cache_usage_ratio", bm.num_used_blocks / bm.num_blocks)
         self.metrics.set("llm_kv_cache_blocks_free", bm.num_free_blocks)
         self.metrics.set("llm_kv_cache_blocks_cached_free", bm.num_cached_free_blocks)
         queries, hits = self._reported_prefix
         self.metrics.inc("llm_prefix_cache_queries_total", bm.prefix_queries - queries)
         self.metrics.inc("llm_prefix_cache_hits_total", bm.prefix_hits - hits)
         self._reported_prefix = (bm.prefix_queries, bm.prefix_hits)
+
+
+def _prompt_logprob_rows(s: ScheduledSeq) -> int:
+    """How many of a prefill chunk's positions score a prompt token for the request's prompt_logprobs: from
+    its first position up to the one before the last prompt token (that one's logits pick the first output)."""
+    if not s.seq.request.computing_prompt_logprobs or not s.is_prefill:
+        return 0
+    return max(0, min(s.start + s.num_new_tokens, s.seq.num_prompt_tokens - 1) - s.start)
 
 
 def _eos_token_ids(model_path: str, tokenizer) -> set[int]:

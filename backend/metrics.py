@@ -38,6 +38,7 @@ GAUGES = {
     "llm_kv_cache_blocks_free": "KV blocks on the free list (cached prefixes included)",
     "llm_kv_cache_blocks_cached_free": "Free KV blocks still holding a cached prefix",
     "llm_kv_cache_blocks_total": "KV blocks in the pool",
+    "llm_kv_cache_usage_ratio": "Fraction of the KV pool held by sequences (blocks used / total, 0 to 1)",
     "llm_engine_alive": "1 while the engine thread runs; 0 once it has died (requests are refused)",
 }
 HISTOGRAMS = {

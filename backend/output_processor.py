@@ -1,9 +1,10 @@
 """What happens to a token after it is chosen: stop rules, latency metrics, and the outputs clients receive.
 
 `append` adds a generated token to a sequence and finishes it on EOS, a stop token, a stop string (the
-detokenizer holds back text that may become one), a completed grammar, max_tokens or the model's length. `collect` turns a
-request's state into a `RequestOutput`: the new text, token ids and logprobs of every sample for a stream,
-everything at the end otherwise, with each sample's cumulative logprob so far when it is tracked.
+detokenizer holds back text that may become one), a completed grammar, max_tokens or the model's length.
+`collect` turns a request's state into a `RequestOutput`: the new text, token ids and logprobs of every sample for a stream,
+everything at the end otherwise, with each sample's cumulative logprob so far when it is tracked, and the
+prompt's logprobs (when asked for) once, in the first output after the prompt is computed.
 """
 from __future__ import annotations
 
@@ -86,8 +87,13 @@ class OutputProcessor:
             self.metrics.observe("llm_e2e_request_latency_seconds", time.perf_counter() - request.arrival_time)
             reason = request.sequences[0].finish_reason.value if request.sequences[0].finish_reason else "abort"
             self.metrics.inc("llm_requests_finished_total", labels={"finish_reason": reason})
+        prompt_logprobs = None
+        if samples and request.prompt_logprobs is not None and not request.computing_prompt_logprobs \
+                and not request.prompt_logprobs_sent:
+            prompt_logprobs, request.prompt_logprobs_sent = request.prompt_logprobs, True
         return RequestOutput(
-            request.request_id, samples, len(request.prompt_token_ids), finished, request.error, request
+            request.request_id, samples, len(request.prompt_token_ids), finished, request.error, request,
+            prompt_logprobs,
         )
 
 

@@ -9,7 +9,8 @@ in flight whether its client has cancelled (as TensorRT-LLM's model does): one r
 its next step.
 
 `response_arrays` is what one response holds, in Triton's vLLM backend's terms (docs/interface.md): the
-additional outputs only when asked for, `num_output_tokens` and `logprobs` counting this response's tokens.
+additional outputs only when asked for, `num_output_tokens` and `logprobs` counting this response's tokens,
+`prompt_logprobs` JSON null except in the one response that carries them.
 """
 from __future__ import annotations
 
@@ -145,6 +146,14 @@ def vllm_logprobs(entries: list[dict] | None, token_text: Callable[[int], str]) 
     return out
 
 
+def prompt_logprobs(entries: list[dict | None] | None, token_text: TokenTexts) -> list[dict | None] | None:
+    """The prompt's logprobs in vLLM's shape: None for the first token, then one `vllm_logprobs` entry per
+    token; None in every response but the one that carries them."""
+    if entries is None:
+        return None
+    return [None] + vllm_logprobs(entries[1:], lambda t: token_text(t, False))
+
+
 def response_arrays(output: RequestOutput, samples: list[SampleOutput], wanted: frozenset[str],
                     token_text: TokenTexts, prefix: str = "") -> dict[str, np.ndarray]:
     """The output tensors of one response for `samples` (one per stream response, all `n` otherwise):
@@ -166,6 +175,7 @@ def response_arrays(output: RequestOutput, samples: list[SampleOutput], wanted: 
         ),
         "num_input_tokens": lambda: np.array([output.num_input_tokens], dtype=np.uint32),
         "num_output_tokens": lambda: np.array([len(s.token_ids) for s in samples], dtype=np.uint32),
+        "prompt_logprobs": lambda: texts([json.dumps(prompt_logprobs(output.prompt_logprobs, token_text))]),
     }
     arrays = {
         "text_output": texts(prefix + s.text for s in samples),

@@ -116,6 +116,7 @@ class RequestOutput:
     finished: bool
     error: str | None = None
     request: "Request | None" = field(default=None, repr=False)
+    prompt_logprobs: list[dict | None] | None = None  # once, in the first output after the prompt is computed
 
     def followed_by(self, later: "RequestOutput") -> "RequestOutput":
         """This output and the next one of the same request as one response (a stream's deltas concatenate)."""
@@ -125,7 +126,7 @@ class RequestOutput:
             samples[sample.sample_index] = sample if earlier is None else earlier.followed_by(sample)
         return RequestOutput(
             self.request_id, list(samples.values()), later.num_input_tokens, later.finished,
-            later.error or self.error, later.request,
+            later.error or self.error, later.request, self.prompt_logprobs or later.prompt_logprobs,
         )
 
 
@@ -149,6 +150,18 @@ class Request:
     cancelled: bool = False  # the client cancelled: set by whoever watches it, read by the engine each step
     grammar: Future | None = None  # its output constraint, compiling off the engine thread (structured_output.py)
     tracks_cumulative_logprob: bool = False  # sum each sample's logprobs even without params.logprobs
+    # params.prompt_logprobs: an entry per prompt token, None for the first (nothing predicts it); filled as
+    # prefill chunks are computed (such a request bypasses the prefix cache: cached blocks have no logits)
+    prompt_logprobs: list[dict | None] | None = None
+    prompt_logprobs_sent: bool = False
+
+    def __post_init__(self):
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def computing_prompt_logprobs(self) -> bool:
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     def seed_for(self, sample_index: int) -> int:
         """Each sample draws from its own generator; a seeded request reproduces whatever the batch."""

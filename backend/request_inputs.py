@@ -20,9 +20,10 @@ SAMPLING_TENSORS = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "presence_penalty", "frequency_penalty", "seed", "n", "ignore_eos", "num_speculative_tokens",
 )
-LIST_TENSORS = ("stop", "stop_words", "stop_token_ids")
+LIST_TENSORS = ("stop", "stop_words", "stop_token_ids", "input_ids")
 # Additional outputs, each sent only when its return_* flag is true (as Triton's vLLM backend does).
-OPTIONAL_OUTPUTS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
+OPTIONAL_OUTPUTS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens",
+                    "prompt_logprobs")
 FLAG_NAMES = ("stream", "exclude_input_in_output") + tuple(f"return_{name}" for name in OPTIONAL_OUTPUTS)
 INPUT_NAMES = ("text_input", "sampling_parameters") + SAMPLING_TENSORS + LIST_TENSORS + FLAG_NAMES
 
@@ -33,7 +34,7 @@ MAX_PARAMETERS_JSON_BYTES = 64 * 1024
 
 @dataclass
 class ParsedRequest:
-    prompt: str
+    prompt: str | list[int]  # text_input, or the token ids of input_ids
     params: SamplingParams
     stream: bool = False
     exclude_input_in_output: bool = False
@@ -78,6 +79,24 @@ def _json_object(name: str, text: str) -> dict:
     return value
 
 
+def _prompt(merged: dict[str, Any]) -> str | list[int]:
+    """The prompt: text_input (a string) or input_ids (token ids, checked against the vocabulary later)."""
+    if "text_input" not in merged and "input_ids" not in merged:
+        raise InvalidRequest("text_input is required: the prompt as a string (or input_ids: its token ids)")
+    if "text_input" in merged and "input_ids" in merged:
+        raise InvalidRequest("give the prompt as text_input or as input_ids, not both")
+    if "input_ids" in merged:
+        ids = merged.pop("input_ids")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in ids):
+            raise InvalidRequest(f"input_ids must be a non-empty list of token ids, got {str(ids)[:80]}")
+        return ids
+    prompt = _text("text_input", merged.pop("text_input"))
+    if not prompt:
+        raise InvalidRequest("text_input must be a non-empty string")
+    return prompt
+
+
 def parse_request(
     tensors: dict[str, np.ndarray], parameters_json: str = "", max_n: int = 8, max_tokens_limit: int = 1 << 20
 ) -> ParsedRequest:
@@ -98,11 +117,7 @@ def parse_request(
         elif name != "sampling_parameters":
             flat[name] = _scalar(name, array)
     merged.update(resolve_aliases(flat))
-    if "text_input" not in merged:
-        raise InvalidRequest("text_input is required: the prompt as a string")
-    prompt = _text("text_input", merged.pop("text_input"))
-    if not prompt:
-        raise InvalidRequest("text_input must be a non-empty string")
+    prompt = _prompt(merged)
     flags = {name: as_bool(name, merged.pop(name)) for name in FLAG_NAMES if name in merged}
     # return_logprobs only chooses whether `logprobs` is sent: without `logprobs` in the sampling
     # parameters it is sent as JSON null (vLLM's backend does the same).

@@ -1,6 +1,6 @@
 """Turns logits into tokens, each sequence with its own parameters and its own seeded generator.
 
-Processing order (as vLLM): penalties and min_tokens on the logits, then temperature, top-k, top-p and
+Processing order (as vLLM): penalties, logit_bias and min_tokens on the logits, then temperature, top-k, top-p and
 min-p on the distribution. Sampling uses the exponential race (argmax of p / E with E ~ Exp(1) drawn from the
 sequence's generator), which draws exactly from p and consumes a fixed amount of randomness per token, so a
 seeded sequence reproduces whatever else shares its batch.
@@ -18,7 +18,8 @@ class Sampler:
         self.eos_token_ids = eos_token_ids
 
     def process_logits(self, logits: torch.Tensor, seq: Sequence, token_ids: list[int]) -> torch.Tensor:
-        """Penalties and min_tokens for a row whose context is `token_ids` (prompt + output so far)."""
+        """Penalties, logit_bias and min_tokens for a row whose context is `token_ids` (prompt + output so far).
+        Verification applies it too, so speculation keeps the biased distribution exact."""
         params = seq.params
         num_output = len(token_ids) - seq.num_prompt_tokens
         if params.uses_penalties:
@@ -33,6 +34,10 @@ class Sampler:
             if output and (params.presence_penalty or params.frequency_penalty):
                 ids, counts = torch.tensor(output, dtype=torch.long).unique(return_counts=True)
                 logits[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(logits.dtype)
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+            biases = torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
+            logits = logits.index_add(-1, ids, biases)
         if num_output < params.min_tokens:
             banned = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
             if banned:
@@ -72,10 +77,18 @@ class Sampler:
     @staticmethod
     def logprobs(logits: torch.Tensor, token_id: int, top: int) -> dict:
         """The model's log-probability of the chosen token and its rank, and of its `top` most likely alternatives."""
+        return Sampler.logprobs_rows(logits[None], [token_id], top)[0]
+
+    @staticmethod
+    def logprobs_rows(logits: torch.Tensor, token_ids: list[int], top: int) -> list[dict]:
+        """`logprobs` for each row of logits [R, V] and its token (prompt logprobs: a whole chunk at once)."""
         logp = torch.log_softmax(logits, dim=-1)
-        entry = {"token_id": token_id, "logprob": float(logp[token_id]),
-                 "rank": int((logp > logp[token_id]).sum()) + 1}  # 1: the most likely token (as vLLM)
+        chosen = logp.gather(-1, torch.tensor(token_ids, dtype=torch.long)[:, None])
+        ranks = (logp > chosen).sum(-1) + 1  # 1: the most likely token (as vLLM)
+        entries = [{"token_id": t, "logprob": float(c), "rank": int(r)}
+                   for t, c, r in zip(token_ids, chosen[:, 0], ranks)]
         if top:
-            values, ids = torch.topk(logp, top)
-            entry["top_logprobs"] = {int(i): float(v) for i, v in zip(ids, values)}
-        return entry
+            values, ids = torch.topk(logp, top, dim=-1)
+            for entry, row_ids, row_values in zip(entries, ids.tolist(), values.tolist()):
+                entry["top_logprobs"] = dict(zip(row_ids, row_values))
+        return entries

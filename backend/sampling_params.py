@@ -23,6 +23,8 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass
@@ -44,6 +46,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's logprob and the top k
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (computed in prefill)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
     num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
     guided_decoding: "GuidedDecoding | None" = None  # an output constraint (structured_output.py)
 
@@ -76,7 +80,10 @@ class SamplingParams:
 
     def _check(self, max_n: int, max_tokens_limit: int) -> None:
         _in_range("n", self.n, 1, max_n)
-        _in_range("max_tokens", self.max_tokens, 1, max_tokens_limit)
+        scoring_only = self.max_tokens == 0 and self.prompt_logprobs is not None
+        if not scoring_only and not 1 <= self.max_tokens <= max_tokens_limit:
+            raise InvalidRequest(f"max_tokens must be between 1 and {max_tokens_limit}, got {self.max_tokens} "
+                                 "(0 only with prompt_logprobs: the prompt scored, nothing generated)")
         _in_range("min_tokens", self.min_tokens, 0, self.max_tokens, hint=" (at most max_tokens)")
         _in_range("temperature", self.temperature, 0.0, 100.0)
         if not 0.0 < self.top_p <= 1.0:
@@ -92,6 +99,16 @@ class SamplingParams:
             _in_range("seed", self.seed, 0, 2**64 - 1)
         if self.logprobs is not None:
             _in_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _in_range("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidRequest(
+                f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(self.logit_bias)}"
+            )
+        for token_id, bias in self.logit_bias.items():
+            if token_id < 0:
+                raise InvalidRequest(f"logit_bias keys must be token ids (integers >= 0), got {token_id}")
+            _in_range(f"logit_bias[{token_id}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
         if self.num_speculative_tokens is not None:
             _in_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
         if len(self.stop) > MAX_STOP_STRINGS:
@@ -182,6 +199,12 @@ def _as_logprobs(name: str, value) -> int | None:
     return _as_int(name, value)
 
 
+def _as_logit_bias(name: str, value) -> dict[int, float]:
+    """{token id: bias}; JSON object keys are strings, so "50256" and 50256 both name token 50256."""
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name} must be an object mapping token ids to biases, got {value!r}")
+    return {_as_int(f"{name} key", key): _as_float(f"{name}[{key}]", bias) for key, bias in value.items()}
+
 
 _PARSERS = {
     "n": _as_int,
@@ -201,5 +224,7 @@ _PARSERS = {
     "include_stop_str_in_output": as_bool,
     "skip_special_tokens": as_bool,
     "logprobs": _as_logprobs,
+    "prompt_logprobs": _as_logprobs,
+    "logit_bias": _as_logit_bias,
     "num_speculative_tokens": _as_int,
 }

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from . import batch_view
 from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TOKENS, Settings, create_app
+from .openai_protocol import DEFAULT_MAX_PROMPTS_PER_REQUEST
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PORT = 9000
@@ -38,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help=f"largest request body accepted; larger ones get 413 (default {DEFAULT_MAX_BODY_BYTES})")
     ap.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                     help=f"max_tokens of a request that gives none (default {DEFAULT_MAX_TOKENS})")
+    ap.add_argument("--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
+                    help="completions: most prompts x n in one request; more is a 400 "
+                         f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
+    ap.add_argument("--api-key", default=os.environ.get("LLM_API_KEY", ""),
+                    help="require 'Authorization: Bearer <key>' on /v1 routes, /tokenize and /detokenize "
+                         "(default $LLM_API_KEY; prefer the variable: arguments show in the process list)")
     return ap.parse_args(argv)
 
 
@@ -45,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     settings = Settings(args.triton_grpc, args.models or ["llm"], args.model_dir, args.max_body_bytes,
-                        args.default_max_tokens, args.triton_metrics)
+                        args.default_max_tokens, args.triton_metrics, args.max_prompts_per_request, args.api_key)
 
     def add_batch_view(app: web.Application) -> None:
         batch_view.add_routes(app, settings.triton_grpc, settings.models[0])
 
     app = create_app(settings, extra_routes=[add_batch_view])
     print(f"OpenAI API on http://{args.host}:{args.port}/v1 (models {settings.models}; Triton gRPC "
-          f"{settings.triton_grpc})", flush=True)
+          f"{settings.triton_grpc}; API key {'required' if settings.api_key else 'not required'})", flush=True)
     web.run_app(app, host=args.host, port=args.port, print=None, handler_cancellation=True,
                 access_log=None)
     return 0

@@ -2,7 +2,8 @@
 
 Routes:
     POST /v1/chat/completions, POST /v1/completions   OpenAI API (whole answers or server-sent events)
-    GET  /v1/models, GET /v1/models/{model}            the served model names
+    GET  /v1/models, GET /v1/models/{model}            the served model names and their max_model_len
+    POST /tokenize, POST /detokenize                   the model's tokenizer (vLLM's routes)
     GET  /health                                       200 while the front door runs
     GET  /health/ready                                 200 when Triton reports every served model ready, else 503
     GET|HEAD /metrics                                  the front door's counters, then Triton's metrics
@@ -10,7 +11,6 @@ Routes:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
@@ -18,17 +18,24 @@ from typing import Awaitable, Callable, Iterable
 import aiohttp
 from aiohttp import web
 
+from tritonclient.utils import InferenceServerException
+
+from .admission import Admission
+from .auth import api_key_middleware
 from .completions import answer_stream, answer_whole
-from .errors import APIError, bad_request, body_too_large, internal_error, model_not_found
+from .errors import APIError, internal_error, model_not_found
 from .metrics import FrontDoorMetrics, metrics_response, triton_metrics
-from .openai_protocol import parse_chat, parse_completion
+from .openai_protocol import DEFAULT_MAX_PROMPTS_PER_REQUEST, parse_chat, parse_completion
 from .openai_responses import ChatFormat, CompletionFormat
+from .request_body import read_json
+from .responses_api import parse_responses
+from .responses_output import answer_responses
+from .tokenization import detokenize, tokenize
 from .tokenizer import ModelTokenizer
 from .triton_stream import TritonLLM
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 DEFAULT_MAX_TOKENS = 256
-READ_CHUNK_BYTES = 64 << 10
 
 
 @dataclass
@@ -39,6 +46,8 @@ class Settings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # when a request gives neither max_tokens nor max_completion_tokens
     triton_metrics_url: str = ""  # e.g. http://127.0.0.1:8002/metrics, appended to /metrics ("" for none)
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST  # completions: prompts x n per request
+    api_key: str = field(default="", repr=False)  # "": no key needed (bind to loopback only); never printed
     started: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -47,20 +56,25 @@ LLM = web.AppKey("llm", TritonLLM)
 TOKENIZER = web.AppKey("tokenizer", ModelTokenizer)
 COUNTERS = web.AppKey("counters", FrontDoorMetrics)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
+ADMISSION = web.AppKey("admission", Admission)
 
 
 def create_app(settings: Settings, tokenizer: ModelTokenizer | None = None,
                extra_routes: Iterable[Callable[[web.Application], None]] = ()) -> web.Application:
     """The application; `extra_routes` are called with it to add more routes (the batch view's page)."""
-    app = web.Application(middlewares=[_errors], client_max_size=settings.max_body_bytes)
+    middlewares = [_errors] + ([api_key_middleware(settings.api_key)] if settings.api_key else [])
+    app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[TOKENIZER] = tokenizer or ModelTokenizer(settings.model_dir)
     app[COUNTERS] = FrontDoorMetrics()
     app.cleanup_ctx.append(_clients)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/responses", _responses)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
     app.router.add_get("/health", _health)
     app.router.add_get("/health/ready", _ready)
     app.router.add_get("/metrics", _metrics)  # add_get answers HEAD too
@@ -72,6 +86,7 @@ def create_app(settings: Settings, tokenizer: ModelTokenizer | None = None,
 async def _clients(app: web.Application):
     """The gRPC channel and HTTP session live in the server's event loop."""
     app[LLM] = TritonLLM(app[SETTINGS].triton_grpc)
+    app[ADMISSION] = Admission(app[LLM])
     app[HTTP] = aiohttp.ClientSession()
     yield
     await app[LLM].close()
@@ -110,21 +125,6 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
             counters.requests[(request.path, status)] += 1
 
 
-async def read_json(request: web.Request, limit: int):
-    """The body as JSON, read with a cap: past `limit` bytes the reading stops and the answer is 413."""
-    if request.content_length is not None and request.content_length > limit:
-        raise body_too_large(limit)
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(READ_CHUNK_BYTES):
-        body += chunk
-        if len(body) > limit:
-            raise body_too_large(limit)
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-
-
 async def _chat(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body = await read_json(request, settings.max_body_bytes)
@@ -135,31 +135,63 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 async def _completions(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body = await read_json(request, settings.max_body_bytes)
-    generation = parse_completion(body, settings.models, settings.default_max_tokens)
+    generation = parse_completion(body, settings.models, settings.default_max_tokens, tokenizer.vocab_size,
+                                  settings.max_prompts_per_request)
     return await _answer(request, generation, CompletionFormat(generation, tokenizer))
 
 
+async def _responses(request: web.Request) -> web.StreamResponse:
+    settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
+    body = await read_json(request, settings.max_body_bytes)
+    parsed = parse_responses(body, settings.models, settings.default_max_tokens, tokenizer.render_chat)
+    return await answer_responses(request, request.app[LLM], parsed, request.app[ADMISSION])
+
+
 async def _answer(request: web.Request, generation, fmt) -> web.StreamResponse:
-    llm = request.app[LLM]
+    llm, admission = request.app[LLM], request.app[ADMISSION]
     if generation.stream:
-        return await answer_stream(request, llm, generation, fmt)
-    return await answer_whole(llm, generation, fmt)
+        return await answer_stream(request, llm, generation, fmt, admission)
+    return await answer_whole(llm, generation, fmt, admission)
 
 
-def _model_card(settings: Settings, name: str) -> dict:
-    return {"id": name, "object": "model", "created": settings.started, "owned_by": "triton"}
+async def _tokenize(request: web.Request) -> web.Response:
+    settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
+    body = await read_json(request, settings.max_body_bytes)
+    model, answer = tokenize(body, settings.models, tokenizer, tokenizer.render_chat)
+    return web.json_response({**answer, "max_model_len": await _max_model_len(request.app, model)})
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
+    body = await read_json(request, settings.max_body_bytes)
+    return web.json_response(detokenize(body, settings.models, tokenizer))
+
+
+async def _max_model_len(app: web.Application, model: str) -> int | None:
+    """The model's length limit: its max_model_len setting where set, within what the model supports."""
+    supported = app[TOKENIZER].max_position_embeddings
+    try:
+        setting = int((await app[LLM].model_parameters(model)).get("max_model_len") or 0)
+    except (InferenceServerException, ValueError):
+        setting = 0
+    return min(setting, supported) if setting and supported else setting or supported
+
+
+async def _model_card(app: web.Application, name: str) -> dict:
+    return {"id": name, "object": "model", "created": app[SETTINGS].started, "owned_by": "triton",
+            "max_model_len": await _max_model_len(app, name)}
 
 
 async def _models(request: web.Request) -> web.Response:
-    settings = request.app[SETTINGS]
-    return web.json_response({"object": "list", "data": [_model_card(settings, m) for m in settings.models]})
+    models = request.app[SETTINGS].models
+    return web.json_response({"object": "list", "data": [await _model_card(request.app, m) for m in models]})
 
 
 async def _model(request: web.Request) -> web.Response:
     settings, name = request.app[SETTINGS], request.match_info["model"]
     if name not in settings.models:
         raise model_not_found(name, settings.models)
-    return web.json_response(_model_card(settings, name))
+    return web.json_response(await _model_card(request.app, name))
 
 
 async def _health(request: web.Request) -> web.Response:

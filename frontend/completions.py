@@ -15,6 +15,7 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
+from .admission import Admission
 from .errors import APIError, bad_request, internal_error, server_busy, unavailable
 from .openai_protocol import Generation
 from .openai_responses import Choice, ResponseFormat, Usage
@@ -23,17 +24,23 @@ from .triton_stream import EngineError, SampleDelta, TritonLLM
 _END = object()
 
 
-async def merged_deltas(llm: TritonLLM, generation: Generation) -> AsyncIterator[tuple[int, SampleDelta]]:
-    """(prompt index, delta) of every prompt's request, as they come; all are cancelled if one fails."""
+async def merged_deltas(llm: TritonLLM, generation: Generation,
+                        admission: Admission) -> AsyncIterator[tuple[int, SampleDelta]]:
+    """(prompt index, delta) of every prompt's request, as they come, once `admission` has taken them all;
+    all are cancelled if one fails."""
+    ticket = await admission.admit(generation.model, len(generation.prompts))
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(prompt_index: int, prompt: str) -> None:
+    async def pump(prompt_index: int, prompt: str | list[int]) -> None:
         try:
             async for delta in llm.generate(generation.model, prompt, generation.sampling, generation.n):
+                ticket.started(prompt_index)
                 queue.put_nowait((prompt_index, delta))
             queue.put_nowait(_END)
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
             queue.put_nowait(exc)
+        finally:
+            ticket.started(prompt_index)
 
     tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(generation.prompts)]
     try:
@@ -51,6 +58,7 @@ async def merged_deltas(llm: TritonLLM, generation: Generation) -> AsyncIterator
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
+        ticket.release()
 
 
 def api_error(exc: EngineError) -> APIError:
@@ -63,21 +71,23 @@ def api_error(exc: EngineError) -> APIError:
     return bad_request(exc.message)
 
 
-async def answer_whole(llm: TritonLLM, generation: Generation, fmt: ResponseFormat) -> web.Response:
+async def answer_whole(llm: TritonLLM, generation: Generation, fmt: ResponseFormat,
+                       admission: Admission) -> web.Response:
     choices = {i: Choice() for i in range(generation.num_choices)}
     usage = Usage()
     try:
-        async for prompt_index, delta in merged_deltas(llm, generation):
+        async for prompt_index, delta in merged_deltas(llm, generation, admission):
             index = prompt_index * generation.n + delta.index
             choices[index].add(delta)
             usage.add(prompt_index, index, delta)
+            fmt.observe(prompt_index, delta)
     except EngineError as exc:
         raise api_error(exc) from None
     return web.json_response(fmt.whole(choices, usage))
 
 
-async def answer_stream(request: web.Request, llm: TritonLLM, generation: Generation,
-                        fmt: ResponseFormat) -> web.StreamResponse:
+async def answer_stream(request: web.Request, llm: TritonLLM, generation: Generation, fmt: ResponseFormat,
+                        admission: Admission) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"})
     usage = Usage()
@@ -86,13 +96,14 @@ async def answer_stream(request: web.Request, llm: TritonLLM, generation: Genera
         await response.write(f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode())
 
     try:
-        async for prompt_index, delta in merged_deltas(llm, generation):
+        async for prompt_index, delta in merged_deltas(llm, generation, admission):
             if not response.prepared:
                 await response.prepare(request)
                 if fmt.opening_choices():
                     await send(fmt.chunk(fmt.opening_choices()))
             index = prompt_index * generation.n + delta.index
             usage.add(prompt_index, index, delta)
+            fmt.observe(prompt_index, delta)
             await send(fmt.chunk([fmt.delta_choice(index, delta)]))
     except EngineError as exc:
         if not response.prepared:

@@ -9,16 +9,18 @@ from aiohttp import web
 class APIError(Exception):
     """An error answered to the client as OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type_
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status)
+        return web.json_response(self.body(), status=self.status, headers=self.headers)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -46,8 +48,16 @@ def body_too_large(limit: int) -> APIError:
                     None, "request_too_large")
 
 
+RETRY_AFTER_S = 1  # what a refused client is told to wait (the queue drains in seconds, not minutes)
+
+
 def server_busy(message: str) -> APIError:
-    return APIError(503, message, "server_busy", None, "server_busy")
+    return APIError(503, message, "server_busy", None, "server_busy", {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def unauthorized() -> APIError:
+    return APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+                    "invalid_request_error", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
 
 
 def unavailable(message: str) -> APIError:

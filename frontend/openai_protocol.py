@@ -1,8 +1,8 @@
 """OpenAI request bodies checked and mapped onto the model's inputs (docs/frontend.md has the table).
 
-A chat or completion body becomes a `Generation`: the prompt text(s) to send as `text_input` (one Triton
-request per prompt; chat messages go through the model's chat template) and the JSON for the model's
-`sampling_parameters`. Every field is type-checked here, and the sampling values are validated with the
+A chat or completion body becomes a `Generation`: the prompt text(s) to send as `text_input`, or token ids
+as `input_ids` (one Triton request per prompt; chat messages go through the model's chat template) and the
+JSON for the model's `sampling_parameters`. Every field is type-checked here, and the sampling values are validated with the
 engine's own rules (backend/sampling_params.py) before anything is sent, so a bad value is a 400 naming the
 OpenAI parameter. A field this server does not act on is a 400, never silently ignored.
 """
@@ -14,7 +14,7 @@ from typing import Any, Callable
 from backend.sampling_params import InvalidRequest, SamplingParams
 
 from .errors import bad_request, model_not_found, unsupported
-from .tools import ToolCalling, conversation, parse_tool_calling
+from .tools import ToolCalling, conversation, parse_tool_calling, tool_constraint
 
 # OpenAI (and vLLM-extra) parameters passed through to sampling_parameters under the same name.
 PASSTHROUGH = (
@@ -22,8 +22,10 @@ PASSTHROUGH = (
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
     # vLLM's structured-output extras (the openai SDK sends them with extra_body)
     "guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+    "logit_bias",
 )
-COMMON = frozenset(PASSTHROUGH + ("model", "max_tokens", "stream", "stream_options", "logit_bias", "user",
+DEFAULT_MAX_PROMPTS_PER_REQUEST = 64
+COMMON = frozenset(PASSTHROUGH + ("model", "max_tokens", "stream", "stream_options", "user",
                                   "return_tokens_as_token_ids"))
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
                         "tool_choice", "parallel_tool_calls"}
@@ -57,7 +59,7 @@ class Generation:
     """One OpenAI request in the model's terms."""
 
     model: str
-    prompts: list[str]  # each is one Triton request; choice index = prompt index * n + sample index
+    prompts: list[str | list[int]]  # text or token ids; each is one Triton request; choice = prompt * n + sample
     sampling: dict[str, Any]  # the model's sampling_parameters
     n: int
     stream: bool
@@ -83,12 +85,7 @@ def parse_chat(body: Any, served: list[str], default_max_tokens: int,
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
     constraint = _response_format(body.get("response_format"))
     tool_calling = parse_tool_calling(body)
-    if tool_calling is not None:
-        if constraint:
-            raise bad_request("give response_format or tools, not both (unless tool_choice is \"none\")",
-                              "response_format")
-        grammar = tool_calling.grammar()
-        constraint = {"guided_grammar": grammar} if grammar else {}
+    constraint = tool_constraint(tool_calling, constraint, "response_format")
     logprobs = None
     if body.get("logprobs"):
         logprobs = body.get("top_logprobs", 0)
@@ -131,38 +128,48 @@ def _response_format(response_format: Any) -> dict[str, Any]:
                       "response_format.type")
 
 
-def parse_completion(body: Any, served: list[str], default_max_tokens: int) -> Generation:
-    """A /v1/completions body (`prompt`: a string or a list of strings)."""
+def parse_completion(body: Any, served: list[str], default_max_tokens: int, vocab_size: int,
+                     max_prompts: int = DEFAULT_MAX_PROMPTS_PER_REQUEST) -> Generation:
+    """A /v1/completions body: `prompt` a string, a list of strings, a list of token ids or a list of such
+    lists; at most `max_prompts` choices (prompts x n). `echo` with `logprobs` scores the prompt too."""
     body = _fields(body, COMPLETION_FIELDS)
     model = _model(body, served)
     if body.get("suffix"):
         raise unsupported("suffix")
-    prompts = _prompts(body.get("prompt"))
+    prompts = _prompts(body.get("prompt"), vocab_size)
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
         raise bad_request(f"logprobs must be an integer (the number of alternatives, 0-20), got {logprobs!r}",
                           "logprobs")
-    if logprobs is not None and body.get("echo"):
-        raise unsupported("echo", " together with logprobs (the engine returns no prompt logprobs)")
     n = body.get("n", 1)
     if body.get("best_of", n) != n:
         raise unsupported("best_of", " (other than equal to n)")
-    return _generation(body, model, prompts, body.get("max_tokens", default_max_tokens), logprobs,
-                       body.get("echo", False), {})
+    if isinstance(n, int) and len(prompts) * n > max_prompts:
+        raise bad_request(f"this request asks for {len(prompts)} prompt(s) x n={n} = {len(prompts) * n} "
+                          f"completions; at most {max_prompts} are allowed per request (max_prompts_per_request)",
+                          "prompt", "too_many_prompts")
+    echo, max_tokens = body.get("echo", False), body.get("max_tokens", default_max_tokens)
+    if max_tokens == 0 and not echo:
+        raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing "
+                          "generated)", "max_tokens")
+    scoring = {"prompt_logprobs": logprobs or 0} if echo and (logprobs is not None or max_tokens == 0) else {}
+    return _generation(body, model, prompts, max_tokens, logprobs, echo, {}, scoring)
 
 
-def _fields(body: Any, allowed: frozenset) -> dict:
-    """The body's fields without nulls (null means the default), each known and of its JSON type."""
+def _fields(body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED,
+            field_types: dict[str, tuple] = TYPES) -> dict:
+    """The body's fields without nulls (null means the default), each known and of its JSON type;
+    `refused`: the route's known fields this server cannot honour (400 unsupported_parameter)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     body = {k: v for k, v in body.items() if v is not None}
     for key in sorted(body):
-        if key in UNSUPPORTED:
+        if key in refused:
             raise unsupported(key)
         if key not in allowed:
             raise bad_request(f"unrecognized request argument '{key}'; supported: {sorted(allowed)}", key,
                               "unknown_parameter")
-        types = TYPES.get(key)
+        types = field_types.get(key)
         value = body[key]
         if types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             raise bad_request(f"{key} must be {' or '.join(_TYPE_NAMES[t] for t in types)}, got {value!r}", key)
@@ -232,22 +239,34 @@ def _content(content: Any, param: str) -> str:
     raise bad_request(f"{param} must be a string or an array of text parts, got {content!r}", param)
 
 
-def _prompts(prompt: Any) -> list[str]:
-    prompts = [prompt] if isinstance(prompt, str) else prompt
-    if not prompts:
-        raise bad_request("prompt is required: a string or a non-empty array of strings", "prompt")
-    if not all(isinstance(p, str) for p in prompts):
-        raise bad_request("prompt must be a string or an array of strings (token-id prompts are not supported)",
-                          "prompt")
-    if not all(prompts):
-        raise bad_request("prompt must not be empty", "prompt")
+def _prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
+    """A string, a list of strings, a list of token ids or a list of token-id lists -> the prompts."""
+    form = "a string, an array of strings, an array of token ids or an array of token-id arrays"
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and _is_int(prompt[0])):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        raise bad_request(f"prompt is required: {form}", "prompt")
+    for i, one in enumerate(prompts):
+        if isinstance(one, str):
+            if not one:
+                raise bad_request("prompt must not be empty", "prompt")
+        elif not isinstance(one, list) or not one or not all(_is_int(t) for t in one):
+            raise bad_request(f"prompt must be {form}; prompt[{i}] is {str(one)[:40]}", "prompt")
+        elif not all(0 <= t < vocab_size for t in one):
+            bad = [t for t in one if not 0 <= t < vocab_size][:5]
+            raise bad_request(f"prompt[{i}] holds token ids outside the vocabulary (0 to {vocab_size - 1}): {bad}",
+                              "prompt")
     return list(prompts)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _generation(body: dict, model: str, prompts: list[str], max_tokens: Any, logprobs: int | None,
                 echo: bool, names: dict[str, str], constraint: dict[str, Any] | None = None) -> Generation:
-    if body.get("logit_bias"):
-        raise unsupported("logit_bias", " (the engine has no logit bias)")
     stream = body.get("stream", False)
     options = body.get("stream_options")
     if options is not None:
@@ -275,5 +294,6 @@ def _validate(sampling: dict, names: dict[str, str]) -> None:
     try:
         SamplingParams.from_dict(sampling, max_n=1 << 16)
     except InvalidRequest as exc:
-        field = str(exc).split(" ", 1)[0]
-        raise bad_request(str(exc), names.get(field, field if field in sampling else None)) from None
+        field = str(exc).split(" ", 1)[0]  # e.g. "temperature", "logit_bias[50256]"
+        base = field.split("[", 1)[0]
+        raise bad_request(str(exc), names.get(base, field if base in sampling else None)) from None

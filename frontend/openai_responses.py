@@ -54,6 +54,12 @@ class ResponseFormat:
         self.tokenizer = tokenizer
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.prompt_logprobs: dict[int, list[dict | None]] = {}  # by prompt index, when the prompt was scored
+
+    def observe(self, prompt_index: int, delta: SampleDelta) -> None:
+        """Keep what a delta says of its whole prompt (its logprobs arrive once, with the first delta)."""
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs[prompt_index] = delta.prompt_logprobs
 
     def _envelope(self, object_name: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.generation.model,
@@ -76,7 +82,9 @@ class ResponseFormat:
         return f"token_id:{token_id}" if self.generation.tokens_as_ids else self.tokenizer.token_text(token_id)
 
     def prompt_of(self, choice_index: int) -> str:
-        return self.generation.prompts[choice_index // self.generation.n]
+        """The text of the choice's prompt (token-id prompts decoded)."""
+        prompt = self.generation.prompts[choice_index // self.generation.n]
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
 
     def opening_choices(self) -> list[dict]:
         """Stream chunks sent before the first token (chat: the role; completions with echo: the prompt)."""
@@ -157,24 +165,45 @@ def _finish_reason(engine_reason: str, num_calls: int) -> str:
 
 
 class CompletionFormat(ResponseFormat):
+    """Completions; with `echo` each choice starts with its prompt (streamed: in the choice's first chunk), and
+    with `logprobs` too, the prompt's tokens lead the logprobs (the first one's logprob null, as OpenAI's)."""
+
     object_name = chunk_object_name = "text_completion"
     id_prefix = "cmpl"
 
-    def opening_choices(self) -> list[dict]:
-        if not self.generation.echo:
-            return []
-        return [{"index": i, "text": self.prompt_of(i), "logprobs": None, "finish_reason": None}
-                for i in range(self.generation.num_choices)]
+    def __init__(self, generation: Generation, tokenizer: ModelTokenizer):
+        super().__init__(generation, tokenizer)
+        self._echoed: set[int] = set()  # streaming: choices whose prompt went out
 
     def delta_choice(self, index: int, delta: SampleDelta) -> dict:
+        prefix, echoed = "", []
+        if self.generation.echo and index not in self._echoed:
+            self._echoed.add(index)
+            prefix, echoed = self.prompt_of(index), self._prompt_entries(index)
         # text_offset counts from the start of this chunk's text (OpenAI's streams do the same)
-        return {"index": index, "text": delta.text, "logprobs": self._logprobs(delta.logprobs or [], 0),
-                "finish_reason": delta.finish_reason}
+        return {"index": index, "text": prefix + delta.text,
+                "logprobs": self._logprobs(echoed + (delta.logprobs or []), 0), "finish_reason": delta.finish_reason}
 
     def whole_choice(self, index: int, choice: Choice) -> dict:
-        prefix = self.prompt_of(index) if self.generation.echo else ""
-        return {"index": index, "text": prefix + choice.text,
-                "logprobs": self._logprobs(choice.logprobs, len(prefix)), "finish_reason": choice.finish_reason}
+        if not self.generation.echo:
+            return {"index": index, "text": choice.text, "logprobs": self._logprobs(choice.logprobs, 0),
+                    "finish_reason": choice.finish_reason}
+        return {"index": index, "text": self.prompt_of(index) + choice.text,
+                "logprobs": self._logprobs(self._prompt_entries(index) + choice.logprobs, 0),
+                "finish_reason": choice.finish_reason}
+
+    def _prompt_entries(self, index: int) -> list[dict]:
+        """The prompt's tokens as logprob entries (none unless logprobs were asked for): the first token, which
+        nothing predicts, with a null logprob."""
+        if self.generation.logprobs is None:
+            return []
+        prompt_index = index // self.generation.n
+        scored = self.prompt_logprobs.get(prompt_index)
+        if scored is None:
+            raise ValueError(f"the model sent no prompt logprobs for prompt {prompt_index}")
+        prompt = self.generation.prompts[prompt_index]
+        first = prompt[0] if isinstance(prompt, list) else self.tokenizer.encode(prompt)[0]
+        return [{"token_id": first, "logprob": None}] + scored[1:]
 
     def _logprobs(self, entries: list[dict], offset: int) -> dict | None:
         if self.generation.logprobs is None:
@@ -187,7 +216,8 @@ class CompletionFormat(ResponseFormat):
         return {
             "tokens": tokens,
             "token_logprobs": [entry["logprob"] for entry in entries],
-            "top_logprobs": [{self.token_text(int(t)): lp for t, lp in (entry.get("top_logprobs") or {}).items()}
+            "top_logprobs": [None if entry["logprob"] is None else
+                             {self.token_text(int(t)): lp for t, lp in (entry.get("top_logprobs") or {}).items()}
                              for entry in entries],
             "text_offset": offsets,
         }

@@ -102,6 +102,17 @@ def parse_tool_calling(body: dict) -> ToolCalling | None:
     return ToolCalling(parsed, choice, body.get("parallel_tool_calls", True))
 
 
+def tool_constraint(tool_calling: ToolCalling | None, constraint: dict[str, Any], format_param: str) -> dict:
+    """The output constraint of a request that may offer tools: with tools, a forced call's grammar (none for
+    `auto`), and a format constraint (`format_param`: response_format, text.format) is a 400 beside them."""
+    if tool_calling is None:
+        return constraint
+    if constraint:
+        raise bad_request(f'give {format_param} or tools, not both (unless tool_choice is "none")', format_param)
+    grammar = tool_calling.grammar()
+    return {"guided_grammar": grammar} if grammar else {}
+
+
 def _tool(tool: Any, param: str) -> Tool:
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
         raise bad_request(f'{param} must be {{"type": "function", "function": {{...}}}} (only function tools '
@@ -166,17 +177,23 @@ class ToolCallParser:
         self._in_call = False
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
+        """The content known so far (joined) and the calls completed by `text`."""
+        pieces = self.pieces(text)
+        return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, dict)]
+
+    def pieces(self, text: str) -> list[str | dict]:
+        """What `text` makes known, in the order written: content strings and completed calls."""
         self._pending += text
-        content, calls = [], []
+        pieces: list[str | dict] = []
         while True:
             if not self._in_call:
                 start = self._pending.find(CALL_OPEN)
                 if start < 0:
                     keep = _partial_suffix(self._pending, CALL_OPEN)
-                    content.append(self._pending[: len(self._pending) - keep])
+                    pieces.append(self._pending[: len(self._pending) - keep])
                     self._pending = self._pending[len(self._pending) - keep:]
                     break
-                content.append(self._pending[:start])
+                pieces.append(self._pending[:start])
                 self._pending = self._pending[start + len(CALL_OPEN):]
                 self._in_call = True
             end = self._pending.find(CALL_CLOSE)
@@ -184,11 +201,8 @@ class ToolCallParser:
                 break
             body, self._pending, self._in_call = self._pending[:end], self._pending[end + len(CALL_CLOSE):], False
             call = self._call(body)
-            if call is None:
-                content.append(CALL_OPEN + body + CALL_CLOSE)
-            else:
-                calls.append(call)
-        return "".join(content), calls
+            pieces.append(CALL_OPEN + body + CALL_CLOSE if call is None else call)
+        return [p for p in pieces if p]
 
     def finish(self) -> str:
         """The text still held back (an unfinished call stays content)."""

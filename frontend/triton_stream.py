@@ -12,6 +12,7 @@ the gRPC call, which cancels the Triton request: the engine drops it at its next
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -24,6 +25,21 @@ from tritonclient.utils import InferenceServerException
 # other error the model sends is its validation of the request (InvalidRequest, a message naming the field).
 BUSY_PREFIXES = ("server busy", "the server is shutting down")
 INTERNAL_PREFIXES = ("internal error",)
+# scripts/serve.py's header for Triton's restricted APIs, as Triton expects it over gRPC
+ADMIN_HEADER = "triton-grpc-protocol-llm-admin-key"
+# tritonclient's own channel options, plus a short reconnect back-off: gRPC's default grows to 120 s while
+# tritonserver is down, so after its supervisor restarted it the front door would stay "not ready" (and out of
+# its proxy's rotation) for up to two minutes more (loadtest/failover.py measured it).
+_KEEPALIVE = grpcclient.KeepAliveOptions()
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
+    ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
+    ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
+    ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
+    ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 @dataclass
@@ -37,6 +53,8 @@ class SampleDelta:
     num_output_tokens: int  # so far, this sample (summed here from the model's per-response counts)
     finish_reason: str | None  # "stop", "length" or "abort" on the sample's last delta
     logprobs: list[dict] | None  # per token: {"token_id", "logprob", "top_logprobs": {id: logprob}}
+    # the prompt's tokens in the same shape, None first; only in the first delta, when prompt_logprobs was asked
+    prompt_logprobs: list[dict | None] | None = None
 
 
 class EngineError(Exception):
@@ -55,7 +73,8 @@ class TritonLLM:
 
     def __init__(self, url: str):
         self.url = url
-        self.client = grpcclient.InferenceServerClient(url)
+        self.client = grpcclient.InferenceServerClient(url, channel_args=CHANNEL_ARGS)
+        self._parameters: dict[str, dict[str, str]] = {}
 
     async def close(self) -> None:
         await self.client.close()
@@ -66,10 +85,25 @@ class TritonLLM:
         except InferenceServerException:
             return False
 
-    async def generate(self, model: str, prompt: str, sampling: dict, n: int) -> AsyncIterator[SampleDelta]:
-        """Stream the deltas of one generation of `prompt` with `sampling` (the model's sampling_parameters)."""
+    async def model_parameters(self, model: str) -> dict[str, str]:
+        """The model's config.pbtxt parameters (engine settings such as max_queue_size), as strings; read
+        once per model. Raises InferenceServerException when Triton cannot say."""
+        if model not in self._parameters:
+            # the launch restricts the model-config API to its admin key, which it hands to the front door
+            key = os.environ.get("LLM_ADMIN_KEY")
+            config = await self.client.get_model_config(model, headers={ADMIN_HEADER: key} if key else None,
+                                                        as_json=True)
+            parameters = config.get("config", config).get("parameters", {})
+            self._parameters[model] = {key: value.get("string_value", "") for key, value in parameters.items()}
+        return self._parameters[model]
+
+    async def generate(self, model: str, prompt: str | list[int], sampling: dict,
+                       n: int) -> AsyncIterator[SampleDelta]:
+        """Stream the deltas of one generation of `prompt` (text, or token ids) with `sampling` (the model's
+        sampling_parameters)."""
         request = {"model_name": model, "inputs": _inputs(prompt, sampling)}
         top = sampling.get("logprobs")
+        prompt_top = sampling.get("prompt_logprobs")
         totals: dict[int, int] = {}  # output tokens so far, per sample
 
         async def requests():
@@ -81,7 +115,7 @@ class TritonLLM:
             async for result, error in call:
                 if error is not None:
                     raise EngineError(error.message())
-                for delta in _deltas(result, top, totals):
+                for delta in _deltas(result, top, prompt_top, totals):
                     if delta.finish_reason is not None:
                         unfinished.discard(delta.index)
                     yield delta
@@ -96,21 +130,28 @@ class TritonLLM:
                 call.cancel()
 
 
-def _inputs(prompt: str, sampling: dict) -> list:
-    tensors = []
+def _inputs(prompt: str | list[int], sampling: dict) -> list:
+    wanted = {"logprobs": "return_logprobs", "prompt_logprobs": "return_prompt_logprobs"}
     flags = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
-             "return_num_output_tokens") + (("return_logprobs",) if sampling.get("logprobs") is not None else ())
-    values = [("text_input", prompt.encode()), ("sampling_parameters", json.dumps(sampling).encode())]
-    for name, value in values + [(flag, True) for flag in flags]:
-        tensor = grpcclient.InferInput(name, [1], "BOOL" if value is True else "BYTES")
-        tensor.set_data_from_numpy(np.array([value], dtype=bool if value is True else object))
-        tensors.append(tensor)
-    return tensors
+             "return_num_output_tokens") + tuple(flag for key, flag in wanted.items() if sampling.get(key) is not None)
+    if isinstance(prompt, str):
+        tensors = [_tensor("text_input", np.array([prompt.encode()], dtype=object))]
+    else:
+        tensors = [_tensor("input_ids", np.array(prompt, dtype=np.int32))]
+    tensors.append(_tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=object)))
+    return tensors + [_tensor(flag, np.array([True])) for flag in flags]
 
 
-def _deltas(result, top: int | None, totals: dict[int, int]) -> list[SampleDelta]:
-    """The samples of one model response (streaming: one sample per response; see model.py). `top`: the
-    logprobs alternatives asked for; `totals`: each sample's output tokens so far, updated."""
+def _tensor(name: str, value: np.ndarray):
+    kind = {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}.get(value.dtype, "BYTES")
+    tensor = grpcclient.InferInput(name, list(value.shape), kind)
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+def _deltas(result, top: int | None, prompt_top: int | None, totals: dict[int, int]) -> list[SampleDelta]:
+    """The samples of one model response (streaming: one sample per response; see model.py). `top`,
+    `prompt_top`: the logprobs alternatives asked for; `totals`: each sample's output tokens so far, updated."""
     texts = result.as_numpy("text_output").reshape(-1)
     ids = result.as_numpy("output_ids")
     ids = ids.reshape(len(texts), -1)
@@ -119,6 +160,7 @@ def _deltas(result, top: int | None, totals: dict[int, int]) -> list[SampleDelta
     num_input = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
     reasons = result.as_numpy("finish_reason").reshape(-1)
     logprobs = result.as_numpy("logprobs")
+    prompt_logprobs = _prompt_entries(result.as_numpy("prompt_logprobs"), prompt_top or 0)
     out = []
     for i, text in enumerate(texts):
         index, token_ids = int(indices[i]), [int(t) for t in ids[i] if t >= 0]
@@ -133,8 +175,17 @@ def _deltas(result, top: int | None, totals: dict[int, int]) -> list[SampleDelta
             num_output_tokens=totals[index],
             finish_reason=None if reason == "None" else reason,
             logprobs=None if entries is None else [_entry(t, e, top or 0) for t, e in zip(token_ids, entries)],
+            prompt_logprobs=prompt_logprobs if i == 0 else None,
         ))
     return out
+
+
+def _prompt_entries(array, top: int) -> list[dict | None] | None:
+    """The prompt_logprobs output (JSON null but in one response): each position's first key is its token."""
+    entries = json.loads(array.reshape(-1)[0]) if array is not None else None
+    if entries is None:
+        return None
+    return [None] + [_entry(int(next(iter(by_id))), by_id, top) for by_id in entries[1:]]
 
 
 def _entry(token_id: int, by_id: dict, top: int) -> dict:

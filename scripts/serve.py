@@ -6,7 +6,7 @@ it exits unexpectedly or a model's engine dies (scripts/supervisor.py)::
 
     python scripts/serve.py [--model-repository model_repository]
                             [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-                            [--openai-port 9000] [--no-frontend]
+                            [--openai-port 9000] [--openai-host ADDR] [--no-frontend]
 
 Port defaults also come from the environment variables HTTP_PORT / GRPC_PORT / METRICS_PORT / OPENAI_PORT.
 The server's model-repository, model-config, shared-memory, trace and logging APIs are restricted to requests
@@ -62,7 +62,8 @@ DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 DEFAULT_HOST = "127.0.0.1"  # where the server binds and where readiness is polled
 MODEL_NAME = "llm"
 # Triton APIs that change or expose the server beyond inference; the launch restricts them to requests that
-# carry the header `llm-admin-key: $LLM_ADMIN_KEY` (a random key when the variable is unset: no one).
+# carry the header `llm-admin-key: $LLM_ADMIN_KEY` (a random key when the variable is unset: only the front door,
+# started from the same launch, knows it; it reads the model's settings with it).
 RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "trace", "logging")
 ADMIN_HEADER = "llm-admin-key"
 
@@ -155,7 +156,9 @@ def server_command(
 
 
 def restriction_args() -> list[str]:
-    key = os.environ.get("LLM_ADMIN_KEY") or secrets.token_urlsafe(24)
+    if not os.environ.get("LLM_ADMIN_KEY"):  # a random key per launch, which the front door started after inherits
+        os.environ["LLM_ADMIN_KEY"] = secrets.token_urlsafe(24)
+    key = os.environ["LLM_ADMIN_KEY"]
     restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={key}"
     return [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
 
@@ -434,14 +437,18 @@ def usage_text(http_port: int, grpc_port: int, metrics_port: int, host: str = DE
     ])
 
 
-def frontend_usage_text(port: int, host: str = DEFAULT_HOST) -> str:
+def frontend_usage_text(port: int, host: str = DEFAULT_HOST, api_key: bool = False) -> str:
+    """How to call the front door; with an API key, the examples read it from $LLM_API_KEY (never print it)."""
     h = _url_host(host)
     chat = ('{"model":"%s","messages":[{"role":"user","content":"Name three colours."}],"max_tokens":32,'
             '"stream":true}' % MODEL_NAME)
+    auth = " -H \"Authorization: Bearer $LLM_API_KEY\"" if api_key else ""
+    key = "os.environ['LLM_API_KEY']" if api_key else "'-'"
     return "\n".join([
         f"=== OpenAI-compatible front door is READY: http://{h}:{port}/v1 (web page: http://{h}:{port}/) ===",
-        f"  curl -sN http://{h}:{port}/v1/chat/completions -H 'Content-Type: application/json' -d '{chat}'",
-        f"  .venv/bin/python -c \"import openai; c = openai.OpenAI(base_url='http://{h}:{port}/v1', api_key='-'); "
+        f"  curl -sN http://{h}:{port}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{chat}'",
+        f"  .venv/bin/python -c \"import os, openai; "
+        f"c = openai.OpenAI(base_url='http://{h}:{port}/v1', api_key={key}); "
         f"print(c.chat.completions.create(model='{MODEL_NAME}', messages=[{{'role': 'user', 'content': 'Hi'}}], "
         "max_tokens=32).choices[0].message.content)\"",
         "",
@@ -465,6 +472,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-frontend", action="store_true", help="run tritonserver alone")
     ap.add_argument("--host", default=os.environ.get("TRITON_HOST", DEFAULT_HOST),
                     help="bind address for all endpoints (default 127.0.0.1; 0.0.0.0 for all interfaces)")
+    ap.add_argument("--openai-host", default=os.environ.get("OPENAI_HOST") or None,
+                    help="bind address of the front door alone (default: --host), e.g. 0.0.0.0 in a container "
+                         "whose Triton ports stay on loopback")
     ap.add_argument("--log-verbose", type=int, default=0)
     ap.add_argument("--exit-timeout-secs", type=int, default=10)
     ap.add_argument("--ready-timeout", type=float, default=600.0,
@@ -499,7 +509,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     h = _url_host(args.host)
     frontend = None if args.no_frontend else start_frontend(
-        f"{h}:{args.grpc_port}", args.openai_port, host=args.host,
+        f"{h}:{args.grpc_port}", args.openai_port, host=args.openai_host or args.host,
         metrics_url=f"http://{h}:{args.metrics_port}/metrics")
 
     def announce(proc: subprocess.Popen) -> None:  # after every (re)start of tritonserver
@@ -508,7 +518,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(usage_text(args.http_port, args.grpc_port, args.metrics_port, args.host), flush=True)
             if frontend is not None:
                 wait_until_frontend_ready(args.openai_port, frontend, args.ready_timeout, host=args.host)
-                print(frontend_usage_text(args.openai_port, args.host), flush=True)
+                print(frontend_usage_text(args.openai_port, args.host, bool(os.environ.get("LLM_API_KEY"))),
+                      flush=True)
         except ServerError as e:
             if proc.poll() is None:
                 print(f"\n[serve.py] {str(e).splitlines()[0]}", file=sys.stderr, flush=True)

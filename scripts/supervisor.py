@@ -144,6 +144,9 @@ class Supervisor:
         while not self._stopping.is_set():
             try:
                 code = proc.wait(timeout=self.health_interval_s)
+                # Its Python stubs outlive a killed server (seen after a SIGKILL: an orphan holding the model's
+                # memory for minutes); `stop` ends what is left of its process group.
+                self._stop(proc)
                 return f"exited unexpectedly ({describe_exit(code)})"
             except subprocess.TimeoutExpired:
                 pass

@@ -20,10 +20,18 @@ function showMode() {
   $("prompt-caption").textContent = chat ? "User message" : "Prompt";
 }
 
+// With an API key set on the server, every call carries it (the batch stream too: it is read with fetch,
+// since EventSource cannot send headers).
+function headers(extra = {}) {
+  const key = $("api-key").value.trim();
+  return key ? { ...extra, Authorization: `Bearer ${key}` } : extra;
+}
+
 async function loadModels() {
   try {
-    const resp = await fetch("v1/models");
+    const resp = await fetch("v1/models", { headers: headers() });
     const body = await resp.json();
+    if (!resp.ok) throw new Error((body.error && body.error.message) || resp.statusText);
     const select = $("model");
     select.replaceChildren(...body.data.map((m) => new Option(m.id, m.id)));
     selectWatchedModel();
@@ -119,7 +127,7 @@ async function runRequest(body) {
   try {
     const path = body.messages ? "v1/chat/completions" : "v1/completions";
     const resp = await fetch(path, {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      method: "POST", headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body),
       signal: controller.signal,
     });
     if (!resp.ok) {
@@ -192,8 +200,7 @@ function cellText(entry) {
   return "D";
 }
 
-function onRecords(message) {
-  const payload = JSON.parse(message.data);
+function onRecords(payload) {
   batch.dropped = payload.dropped;
   for (const record of payload.records) {
     if (record.type === "config") {
@@ -293,11 +300,21 @@ function renderBatch() {
   $("stat-dropped").textContent = `${batch.dropped.engine} by the engine, ${batch.dropped.viewer} by this page`;
 }
 
-function watchBatch() {
-  const source = new EventSource("v1/batch/stream");
-  source.onopen = () => setBatchStatus("live", "live (idle)");
-  source.onmessage = onRecords;
-  source.onerror = () => setBatchStatus("error", "disconnected, retrying...");
+let batchWatch = null; // the AbortController of the open batch stream
+
+async function watchBatch() {
+  if (batchWatch) batchWatch.abort();
+  const controller = (batchWatch = new AbortController());
+  try {
+    const resp = await fetch("v1/batch/stream", { headers: headers(), signal: controller.signal });
+    if (!resp.ok) throw new Error(resp.status === 401 ? "needs the API key" : resp.statusText);
+    setBatchStatus("live", "live (idle)");
+    await readEvents(resp, onRecords);
+  } catch (err) {
+    if (controller.signal.aborted) return;
+    setBatchStatus("error", `disconnected (${err.message}), retrying...`);
+  }
+  if (!controller.signal.aborted) setTimeout(watchBatch, 2000);
 }
 
 // ------------------------------------------------------------------------------------------------ start
@@ -306,6 +323,7 @@ document.querySelectorAll("input[name=mode]").forEach((r) => r.addEventListener(
 $("request-form").addEventListener("submit", send);
 $("model").addEventListener("change", () => { $("model").dataset.touched = "1"; });
 $("stop-all").addEventListener("click", () => controllers.forEach((c) => c.abort()));
+$("api-key").addEventListener("change", () => { loadModels(); watchBatch(); });
 $("clear").addEventListener("click", () => $("outputs").replaceChildren());
 showMode();
 loadModels();

@@ -1,8 +1,11 @@
 """Shared material for the integration tests: prompts, concurrency helpers and a few assertions."""
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -134,3 +137,30 @@ class Stopwatch:
 
     def __exit__(self, *exc):
         self.elapsed = time.perf_counter() - self.start
+
+
+# ------------------------------------------------------------------------------------- the front door's HTTP
+
+def post(server, path: str, body, *, raw: bytes | None = None, method: str = "POST") -> tuple[int, dict | str]:
+    """(status, JSON body) of a request to the front door, errors included."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(server.openai_url.removesuffix("/v1") + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        status, text = exc.code, exc.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def sse_events(server, path: str, body: dict) -> list[str]:
+    """The `data:` payloads of a streamed answer, in order (raw, to see the wire format)."""
+    request = urllib.request.Request(server.openai_url.removesuffix("/v1") + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        return [line[len("data: "):] for line in resp.read().decode().splitlines() if line.startswith("data: ")]

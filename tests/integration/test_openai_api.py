@@ -18,7 +18,7 @@ import torch
 from backend.hardware import resolve_for_model
 from benchmarks.fidelity import HFReference, summarize
 from conftest import MODEL_DIR
-from llm_testlib import MIXED_CASES, raise_first_error, run_concurrently
+from llm_testlib import MIXED_CASES, post, raise_first_error, run_concurrently, sse_events
 
 pytestmark = pytest.mark.integration
 
@@ -29,31 +29,6 @@ GREETING = [{"role": "user", "content": "Name three colours of the rainbow."}]
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0, timeout=300)
-
-
-def post(server, path: str, body, *, raw: bytes | None = None, method: str = "POST") -> tuple[int, dict | str]:
-    """(status, JSON body) of a request to the front door, errors included."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(server.openai_url.removesuffix("/v1") + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as resp:
-            status, text = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
-
-
-def sse_events(server, path: str, body: dict) -> list[str]:
-    """The `data:` payloads of a streamed answer, in order (raw, to see the wire format)."""
-    request = urllib.request.Request(server.openai_url.removesuffix("/v1") + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        assert resp.headers["Content-Type"].startswith("text/event-stream")
-        return [line[len("data: "):] for line in resp.read().decode().splitlines() if line.startswith("data: ")]
 
 
 # ------------------------------------------------------------------------------------------- routes, health
@@ -289,15 +264,16 @@ BAD_REQUESTS = [  # (what, path, body or raw bytes, expected status)
     ("missing messages", "/v1/chat/completions", {"model": MODEL}, 400),
     ("temperature out of range", "/v1/chat/completions", {**OK_CHAT, "temperature": -0.5}, 400),
     ("temperature not a number", "/v1/chat/completions", {**OK_CHAT, "temperature": "warm"}, 400),
-    ("logit_bias unsupported", "/v1/chat/completions", {**OK_CHAT, "logit_bias": {"42": 5}}, 400),
+    ("logit_bias out of range", "/v1/chat/completions", {**OK_CHAT, "logit_bias": {"42": 500}}, 400),
     ("a tool without a function", "/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, 400),
     ("n above the model's max_n", "/v1/chat/completions", {**OK_CHAT, "n": 64}, 400),
     ("prompt longer than the model", "/v1/completions",
      {"model": MODEL, "prompt": "word " * 9000, "max_tokens": 4}, 400),
     ("stream_options without stream", "/v1/completions",
      {"model": MODEL, "prompt": "Hi", "stream_options": {"include_usage": True}}, 400),
-    ("token-id prompt", "/v1/completions", {"model": MODEL, "prompt": [1, 2, 3]}, 400),
+    ("token id outside the vocabulary", "/v1/completions", {"model": MODEL, "prompt": [1, 2, 49152]}, 400),
     ("unknown route", "/v1/embeddings", {"model": MODEL, "input": "x"}, 404),
+    ("JSON nested 100,000 deep", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400),
 ]
 
 

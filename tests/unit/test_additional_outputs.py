@@ -153,10 +153,29 @@ def test_the_front_door_reads_the_vllm_shapes_back():
     last = SampleOutput(1, "c", [8], FinishReason.LENGTH, 3, [entry(8, -0.2, 1, {8: -0.2, 4: -2.2})])
     wanted = frozenset(OPTIONAL_OUTPUTS)
     deltas = [d for s in (first, last)
-              for d in _deltas(_Result(response_arrays(output([s]), [s], wanted, text_of)), 2, totals)]
+              for d in _deltas(_Result(response_arrays(output([s]), [s], wanted, text_of)), 2, None, totals)]
     assert [(d.index, d.text, d.token_ids, d.num_output_tokens, d.finish_reason, d.num_input_tokens)
             for d in deltas] == [(1, "ab", [7, 9], 2, None, 4), (1, "c", [8], 3, "length", 4)]
     assert deltas[0].logprobs == [{"token_id": 7, "logprob": -0.1, "top_logprobs": {7: -0.1, 3: -2.0}},
                                   {"token_id": 9, "logprob": -3.0, "top_logprobs": {4: -0.5, 6: -0.9}}]
-    plain = _deltas(_Result(response_arrays(output([last]), [last], wanted - {"logprobs"}, text_of)), None, {})
-    assert plain[0].logprobs is None
+    plain = _deltas(_Result(response_arrays(output([last]), [last], wanted - {"logprobs"}, text_of)), None, None, {})
+    assert plain[0].logprobs is None and plain[0].prompt_logprobs is None
+
+
+def test_prompt_logprobs_go_out_once_in_vllm_shape_and_come_back():
+    """The prompt's logprobs: JSON null in every response but the one carrying them; the front door reads each
+    position's token from its first key."""
+    sample = SampleOutput(0, "a", [7], None, 1, None)
+    scored = [None, entry(5, -1.5, 3, {2: -0.5, 5: -1.5}), entry(6, -0.25, 1, {6: -0.25, 2: -2.0})]
+    carrying = RequestOutput("r", [sample], 3, False, None, output([sample]).request, scored)
+    arrays = response_arrays(carrying, [sample], frozenset({"prompt_logprobs"}), text_of)
+    assert json.loads(arrays["prompt_logprobs"][0]) == [
+        None, {"5": {"logprob": -1.5, "rank": 3, "decoded_token": "<5>"},
+               "2": {"logprob": -0.5, "rank": 1, "decoded_token": "<2>"}},
+        {"6": {"logprob": -0.25, "rank": 1, "decoded_token": "<6>"},
+         "2": {"logprob": -2.0, "rank": 2, "decoded_token": "<2>"}}]
+    assert response_arrays(output([sample]), [sample], frozenset({"prompt_logprobs"}), text_of)[
+        "prompt_logprobs"].tolist() == [b"null"]
+    (delta,) = _deltas(_Result(response_arrays(carrying, [sample], frozenset(OPTIONAL_OUTPUTS), text_of)), None, 1, {})
+    assert delta.prompt_logprobs == [None, {"token_id": 5, "logprob": -1.5, "top_logprobs": {2: -0.5}},
+                                     {"token_id": 6, "logprob": -0.25, "top_logprobs": {6: -0.25}}]

@@ -16,6 +16,9 @@ from frontend.triton_stream import EngineError, SampleDelta
 
 
 class Tokenizer:
+    vocab_size = 100
+    max_position_embeddings = 8192
+
     def render_chat(self, messages):
         return "|".join(m["content"] for m in messages)
 
@@ -42,6 +45,9 @@ class FakeLLM:
     async def is_model_ready(self, model):
         return model == "llm"
 
+    async def model_parameters(self, model):
+        return {"max_queue_size": "4", "max_model_len": "2048"}
+
     async def generate(self, model, prompt, sampling, n):
         self.prompts.append((prompt, sampling))
         if self.fail:
@@ -63,8 +69,8 @@ def front_door(monkeypatch):
     FakeLLM.tokens, FakeLLM.fail, FakeLLM.delay_s = 3, None, 0.0
     monkeypatch.setattr(app_module, "TritonLLM", FakeLLM)
 
-    async def start():
-        settings = Settings("unused:1", ["llm"], "unused", max_body_bytes=1000, triton_metrics_url="")
+    async def start(**settings):
+        settings = Settings("unused:1", ["llm"], "unused", max_body_bytes=1000, triton_metrics_url="", **settings)
         server = TestServer(create_app(settings, Tokenizer()), handler_cancellation=True)
         await server.start_server()
         return server
@@ -179,13 +185,77 @@ def test_health_models_and_unknown_routes(front_door):
             async with session.get(server.make_url("/health/ready")) as resp:
                 assert resp.status == 200 and (await resp.json())["models"] == {"llm": True}
             async with session.get(server.make_url("/v1/models")) as resp:
-                assert [m["id"] for m in (await resp.json())["data"]] == ["llm"]
+                assert [(m["id"], m["max_model_len"]) for m in (await resp.json())["data"]] == [("llm", 2048)]
             async with session.get(server.make_url("/v1/models/other")) as resp:
                 assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
             async with session.head(server.make_url("/metrics")) as resp:
                 assert resp.status == 200
             async with session.get(server.make_url("/v1/nothing")) as resp:
                 assert resp.status == 404 and "error" in await resp.json()
+        await server.close()
+
+    run(main())
+
+
+def test_a_multi_prompt_request_is_admitted_whole_or_refused_whole(front_door):
+    """max_queue_size 4 (FakeLLM's config): 5 prompts can never be queued (400); 3 prompts while 2 are
+    waiting for their first token is a 503 with Retry-After, and none of the 3 is sent."""
+    async def main():
+        server = await front_door()
+        FakeLLM.tokens, FakeLLM.delay_s = 2, 0.5
+        async with aiohttp.ClientSession() as session:
+            status, text = await _post(session, server, "/v1/completions", {"model": "llm", "prompt": ["p"] * 5})
+            assert status == 400 and json.loads(text)["error"]["code"] == "too_many_prompts"
+            waiting = asyncio.ensure_future(_post(session, server, "/v1/completions",
+                                                  {"model": "llm", "prompt": ["a", "b"]}))
+            await asyncio.sleep(0.2)  # both sent, neither has its first token
+            async with session.post(server.make_url("/v1/completions"),
+                                    json={"model": "llm", "prompt": ["c", "d", "e"]}) as resp:
+                assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+                assert "2 prompts are already waiting" in (await resp.json())["error"]["message"]
+            assert sorted(p for p, _ in FakeLLM.instances[0].prompts) == ["a", "b"]
+            assert (await waiting)[0] == 200
+            status, _ = await _post(session, server, "/v1/completions", {"model": "llm", "prompt": ["c", "d", "e"]})
+            assert status == 200  # the places were given back
+        await server.close()
+
+    run(main())
+
+
+def test_api_key(front_door):
+    async def main():
+        server = await front_door(api_key="s3cret")
+        body = {"model": "llm", "prompt": "p"}
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                async with session.post(server.make_url("/v1/completions"), json=body, headers=headers) as resp:
+                    error = (await resp.json())["error"]
+                    assert resp.status == 401 and error["code"] == "invalid_api_key", headers
+                    assert "s3cret" not in json.dumps(error)
+            for path in ("/v1/models", "/tokenize"):
+                async with session.request("GET" if path == "/v1/models" else "POST", server.make_url(path)) as resp:
+                    assert resp.status == 401
+            async with session.post(server.make_url("/v1/completions"), json=body,
+                                    headers={"Authorization": "Bearer s3cret"}) as resp:
+                assert resp.status == 200
+            for path in ("/health", "/health/ready", "/metrics"):
+                async with session.get(server.make_url(path)) as resp:
+                    assert resp.status == 200, path
+        assert FakeLLM.instances[0].prompts == [("p", {"max_tokens": 256})]
+        await server.close()
+
+    run(main())
+
+
+def test_deeply_nested_json_is_a_400(front_door):
+    async def main():
+        server = await front_door()
+        async with aiohttp.ClientSession() as session:
+            status, text = await _post(session, server, "/v1/completions", data=b"[" * 500 + b"]" * 500)
+            assert status == 400 and "more than 64 levels" in json.loads(text)["error"]["message"]
+            nested = {"model": "llm", "prompt": "[[[[" * 100}  # brackets in a string do not count
+            status, _ = await _post(session, server, "/v1/completions", nested)
+            assert status == 200
         await server.close()
 
     run(main())

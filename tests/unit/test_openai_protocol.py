@@ -8,6 +8,7 @@ from frontend.errors import APIError
 from frontend.openai_protocol import parse_chat, parse_completion
 
 SERVED = ["llm", "llm_small_queue"]
+VOCAB = 49152
 MESSAGES = [{"role": "user", "content": "Hi"}]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER}}
@@ -23,7 +24,7 @@ def chat(**body):
 
 
 def completion(**body):
-    return parse_completion({"model": "llm", "prompt": "Once", **body}, SERVED, 256)
+    return parse_completion({"model": "llm", "prompt": "Once", **body}, SERVED, 256, VOCAB)
 
 
 def refused(parse, **body) -> APIError:
@@ -63,6 +64,33 @@ def test_completion_prompts_echo_and_logprobs():
     assert completion(best_of=1).n == 1
 
 
+@pytest.mark.parametrize("prompt, expected", [
+    ([1, 2, 3], [[1, 2, 3]]),
+    ([[1, 2], [3]], [[1, 2], [3]]),
+    (["a", [5, 6]], ["a", [5, 6]]),
+    ([VOCAB - 1], [[VOCAB - 1]]),
+])
+def test_completion_token_id_prompts(prompt, expected):
+    assert completion(prompt=prompt).prompts == expected
+
+
+def test_echo_with_logprobs_or_max_tokens_zero_scores_the_prompt():
+    g = completion(prompt=[[1, 2, 3]], echo=True, logprobs=1, max_tokens=1)
+    assert g.sampling == {"max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1} and g.echo
+    assert completion(echo=True, max_tokens=0).sampling == {"max_tokens": 0, "prompt_logprobs": 0}
+    assert "prompt_logprobs" not in completion(logprobs=1).sampling  # no echo: the prompt is not scored
+    assert completion(logit_bias={"42": -100, "7": 5}).sampling["logit_bias"] == {"42": -100, "7": 5}
+
+
+def test_prompts_times_n_are_bounded():
+    assert len(completion(prompt=["x"] * 64).prompts) == 64
+    err = refused(completion, prompt=["x"] * 2000)
+    assert (err.status, err.param, err.code) == (400, "prompt", "too_many_prompts") and "2000" in err.message
+    assert refused(completion, prompt=["x"] * 9, n=8).code == "too_many_prompts"
+    err = refused(lambda: parse_completion({"model": "llm", "prompt": ["x"] * 3}, SERVED, 8, VOCAB, max_prompts=2))
+    assert "at most 2" in err.message
+
+
 @pytest.mark.parametrize("body, param, code", [
     ({"temperature": -1}, "temperature", None),
     ({"temperature": "hot"}, "temperature", None),
@@ -79,7 +107,8 @@ def test_completion_prompts_echo_and_logprobs():
     ({"top_logprobs": 2}, "top_logprobs", None),
     ({"logprobs": True, "top_logprobs": 50}, "top_logprobs", None),
     ({"logprobs": 3}, "logprobs", None),
-    ({"logit_bias": {"50256": -100}}, "logit_bias", "unsupported_parameter"),
+    ({"logit_bias": {"50256": -101}}, "logit_bias[50256]", None),
+    ({"logit_bias": {"a": 1}}, "logit_bias", None),
     ({"tools": [{"type": "function"}]}, "tools[0]", None),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name", None),
     ({"tools": [TOOL, TOOL]}, "tools", None),
@@ -114,11 +143,16 @@ def test_bad_chat_fields_are_400s_naming_the_parameter(body, param, code):
 @pytest.mark.parametrize("body, param", [
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": [1, 2, 3]}, "prompt"),
+    ({"prompt": [[]]}, "prompt"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": [[1, True]]}, "prompt"),
+    ({"prompt": [VOCAB]}, "prompt"),
+    ({"prompt": [[-1]]}, "prompt"),
+    ({"prompt": {"a": 1}}, "prompt"),
     ({"suffix": "end"}, "suffix"),
     ({"best_of": 3}, "best_of"),
     ({"logprobs": True}, "logprobs"),
-    ({"logprobs": 1, "echo": True}, "echo"),
+    ({"max_tokens": 0}, "max_tokens"),
     ({"echo": "yes"}, "echo"),
     ({"messages": MESSAGES}, "messages"),  # a chat field on the completions route
 ])
@@ -135,7 +169,7 @@ def test_model_is_required_and_must_be_served():
 
 
 def test_body_must_be_an_object():
-    assert refused(lambda: parse_completion(["prompt"], SERVED, 8)).status == 400
+    assert refused(lambda: parse_completion(["prompt"], SERVED, 8, VOCAB)).status == 400
 
 
 def test_response_format_becomes_a_structured_output_key():

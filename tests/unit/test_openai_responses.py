@@ -8,8 +8,16 @@ from frontend.triton_stream import SampleDelta
 
 
 class Tokenizer:
+    """Token i is the text "<i>"; text encodes to one token per character code."""
+
     def token_text(self, token_id: int) -> str:
         return f"<{token_id}>"
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(map(self.token_text, token_ids))
 
 
 def generation(**kw) -> Generation:
@@ -68,17 +76,32 @@ def test_chat_stream_chunks_role_first_usage_null_until_the_last():
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4 and last["id"] == opening["id"]
 
 
-def test_completion_echo_choice_indices_and_text_offsets():
-    fmt = CompletionFormat(generation(prompts=["P0", "P1"], n=2, echo=True, logprobs=1), Tokenizer())
-    assert [(c["index"], c["text"]) for c in fmt.opening_choices()] == [(0, "P0"), (1, "P0"), (2, "P1"), (3, "P1")]
+def test_completion_echo_with_prompt_logprobs_choice_indices_and_text_offsets():
+    fmt = CompletionFormat(generation(prompts=["P0", [11, 12]], n=2, echo=True, logprobs=1), Tokenizer())
+    assert fmt.opening_choices() == []  # streamed, the prompt leads each choice's first chunk
+    fmt.observe(1, SampleDelta(0, "", [], 2, 0, None, None, [None, {"token_id": 12, "logprob": -0.7,
+                                                                     "top_logprobs": {12: -0.7}}]))
     choice = Choice()
     choice.add(delta(text="<5><9>", logprobs=LOGPROBS, reason="stop"))
-    whole = fmt.whole_choice(3, choice)
-    assert whole["text"] == "P1<5><9>" and whole["finish_reason"] == "stop"
-    assert whole["logprobs"] == {"tokens": ["<5>", "<9>"], "token_logprobs": [-0.1, -1.0],
-                                 "top_logprobs": [{"<5>": -0.1, "<9>": -2.5}, {"<7>": -0.5, "<9>": -1.0}],
-                                 "text_offset": [2, 5]}
-    assert fmt.whole({0: Choice()}, Usage())["object"] == "text_completion"
+    whole = fmt.whole_choice(3, choice)  # prompt 1 (token ids, decoded), sample 1
+    assert whole["text"] == "<11><12><5><9>" and whole["finish_reason"] == "stop"
+    assert whole["logprobs"] == {"tokens": ["<11>", "<12>", "<5>", "<9>"], "token_logprobs": [None, -0.7, -0.1, -1.0],
+                                 "top_logprobs": [None, {"<12>": -0.7}, {"<5>": -0.1, "<9>": -2.5},
+                                                  {"<7>": -0.5, "<9>": -1.0}],
+                                 "text_offset": [0, 4, 8, 11]}
+    assert CompletionFormat(generation(), Tokenizer()).whole({0: Choice()}, Usage())["object"] == "text_completion"
+
+
+def test_completion_echo_streamed_leads_each_choice_once():
+    fmt = CompletionFormat(generation(prompts=["PQ"], n=2, echo=True, logprobs=0), Tokenizer())
+    fmt.observe(0, SampleDelta(0, "", [], 2, 0, None, None, [None, {"token_id": 81, "logprob": -2.0}]))
+    first = fmt.delta_choice(1, delta(index=1, text="<5>", logprobs=LOGPROBS[:1]))
+    assert first["text"] == "PQ<5>" and first["logprobs"]["token_logprobs"] == [None, -2.0, -0.1]
+    assert first["logprobs"]["tokens"] == ["<80>", "<81>", "<5>"]  # "P" = 80, the first token, from encode
+    again = fmt.delta_choice(1, delta(index=1, text="<9>", logprobs=LOGPROBS[1:]))
+    assert again["text"] == "<9>" and again["logprobs"]["token_logprobs"] == [-1.0]
+    plain = CompletionFormat(generation(prompts=["PQ"], echo=True), Tokenizer())
+    assert plain.delta_choice(0, delta(text="x"))["text"] == "PQx"
 
 
 def test_tokens_as_ids():

@@ -31,6 +31,16 @@ def test_prompt_shapes_and_str_objects():
     assert parse_request({"text_input": np.array(["héllo 日本"], dtype=object)}).prompt == "héllo 日本"
 
 
+def test_token_id_prompts():
+    parsed = parse_request({"input_ids": np.array([5, 6, 7], dtype=np.int32)}, json.dumps({"prompt_logprobs": 2}))
+    assert parsed.prompt == [5, 6, 7] and parsed.params.prompt_logprobs == 2
+    assert parse_request({}, json.dumps({"input_ids": [1, 2], "max_tokens": 0, "prompt_logprobs": 0})).prompt == [1, 2]
+    with pytest.raises(InvalidRequest, match="not both"):
+        parse_request({"text_input": text("x"), "input_ids": np.array([1], dtype=np.int32)})
+    with pytest.raises(InvalidRequest, match="input_ids must be a non-empty list of token ids"):
+        parse_request({}, json.dumps({"input_ids": ["a"]}))
+
+
 def test_flat_tensors_of_numeric_types():
     parsed = parse_request({
         "text_input": text("x"),

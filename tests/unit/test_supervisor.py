@@ -136,3 +136,22 @@ def test_a_lost_stub_process_restarts_the_server():
     finally:
         sup.stop()
         runner.join(10)
+
+
+def test_an_unexpected_exit_is_cleaned_up():
+    """The server's leftovers (its Python stubs survive a SIGKILL of tritonserver) are stopped with it."""
+    stopped = []
+
+    def record_stop(proc: subprocess.Popen) -> int:
+        stopped.append(proc.pid)
+        return stop(proc)
+
+    procs = []
+
+    def start():
+        procs.append(python("import sys; sys.exit(3)"))
+        return procs[-1]
+
+    sup = Supervisor(start, record_stop, backoff_initial_s=0.01, max_restarts=1, log=io.StringIO())
+    assert sup.run() == 3
+    assert stopped == [p.pid for p in procs] and len(procs) == 2

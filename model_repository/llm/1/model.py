@@ -4,6 +4,7 @@ Decoupled: `execute` returns at once; the engine loop's output sender thread sen
 the request's response sender (the last one with the FINAL flag) and polls `is_cancelled()`, so the engine
 thread never waits on a round trip to the server.
 """
+import dataclasses
 import json
 import logging
 import sys
@@ -74,12 +75,13 @@ class TritonPythonModel:
         parsed = parse_request(
             tensors, request.parameters(), self.engine.config.max_n, self.engine.max_model_len
         )
-        prefix = parsed.prompt if not parsed.exclude_input_in_output else ""
-        writer = _ResponseWriter(sender, prefix, parsed.outputs, self.token_texts)
+        writer = _ResponseWriter(sender, parsed.outputs, self.token_texts)
         engine_request = self.engine.build_request(
             uuid.uuid4().hex, parsed.prompt, parsed.params, stream=parsed.stream,
             on_output=writer.send, is_cancelled=sender.is_cancelled,
         )
+        # non-streaming: the prompt (as text, also for input_ids) comes first unless excluded
+        writer.prompt_prefix = "" if parsed.exclude_input_in_output else engine_request.prompt
         engine_request.tracks_cumulative_logprob = "cumulative_logprob" in parsed.outputs
         self.loop.submit(engine_request)
 
@@ -104,9 +106,9 @@ class TritonPythonModel:
 class _ResponseWriter:
     """Turns engine outputs into Triton responses for one request."""
 
-    def __init__(self, sender, prompt_prefix: str, outputs: frozenset, token_texts: TokenTexts):
+    def __init__(self, sender, outputs: frozenset, token_texts: TokenTexts):
         self.sender = sender
-        self.prompt_prefix = prompt_prefix  # non-streaming: the prompt comes first unless excluded
+        self.prompt_prefix = ""
         self.outputs = outputs  # the additional outputs asked for
         self.token_texts = token_texts
 
@@ -121,6 +123,7 @@ class _ResponseWriter:
             for i, sample in enumerate(output.samples):
                 last = output.finished and i == len(output.samples) - 1
                 self.sender.send(self._response([sample], output), flags=FINAL if last else 0)
+                output = dataclasses.replace(output, prompt_logprobs=None)  # sent once, with the first sample
         else:
             self.sender.send(self._response(output.samples, output), flags=FINAL)
 

@@ -1,0 +1,1 @@
+"""Kubernetes manifests, the container file and their checks (docs/deploy.md)."""

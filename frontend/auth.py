@@ -1,0 +1,28 @@
+"""The API key: with one set (`--api-key`, or LLM_API_KEY in the environment), every OpenAI route, /tokenize,
+/detokenize and the web page's calls need `Authorization: Bearer <key>`; /health, /health/ready, /metrics
+and the page's static files stay open (probes and scrapers carry no key; the page asks for the key itself).
+The comparison takes constant time and the key is never logged."""
+from __future__ import annotations
+
+import hmac
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from .errors import unauthorized
+
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+def api_key_middleware(api_key: str):
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def require_key(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        if request.path.startswith(PROTECTED_PREFIXES):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise unauthorized()
+        return await handler(request)
+
+    return require_key

@@ -1,0 +1,121 @@
+"""The Responses API (`POST /v1/responses`) through the real stack and the official `openai` SDK: greedy text
+equal to /v1/chat/completions for the same messages, whole and streamed; a forced tool call, whole and
+streamed, and the conversation going on with its output; a text.format JSON schema answer that parses and
+fits; the stateless refusals. Every answer is short, and no KV block is left behind."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.integration
+
+MODEL = "llm"
+INSTRUCTIONS = "Answer briefly."
+QUESTION = "Name three colours of the rainbow."
+ZONE = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 40}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOL = {"type": "function", "name": "get_time", "description": "The time in a time zone", "parameters": ZONE}
+CHAT_TOOL = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+TIME_QUESTION = "What time is it in Tokyo?"
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0, timeout=300)
+
+
+def blocks_back_to_zero(server) -> None:
+    assert server.wait_idle(MODEL).get("llm_kv_cache_blocks_used", MODEL) == 0
+
+
+def test_greedy_text_equals_chat_whole_and_streamed(server, client):
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}],
+        temperature=0, max_tokens=16)
+    kw = dict(model=MODEL, instructions=INSTRUCTIONS, input=QUESTION, temperature=0, max_output_tokens=16)
+    whole = client.responses.create(**kw)
+    assert whole.object == "response" and whole.id.startswith("resp_") and whole.model == MODEL
+    assert whole.output_text == chat.choices[0].message.content
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (chat.usage.prompt_tokens,
+                                                                      chat.usage.completion_tokens)
+    length = chat.choices[0].finish_reason == "length"
+    assert whole.status == ("incomplete" if length else "completed")
+    assert (whole.incomplete_details.reason if length else whole.incomplete_details) == \
+        ("max_output_tokens" if length else None)
+    assert whole.instructions == INSTRUCTIONS and whole.max_output_tokens == 16 and whole.temperature == 0
+
+    events = list(client.responses.create(**kw, stream=True))
+    assert [e.type for e in events[:4]] == ["response.created", "response.in_progress",
+                                            "response.output_item.added", "response.content_part.added"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) >= 2 and "".join(deltas) == whole.output_text, "not streamed, or not the same text"
+    final = events[-1]
+    assert final.type == f"response.{whole.status}" and final.response.output_text == whole.output_text
+    assert final.response.usage.model_dump() == whole.usage.model_dump()
+    blocks_back_to_zero(server)
+
+
+def test_a_forced_tool_call_whole_and_streamed_and_the_conversation_going_on(server, client):
+    kw = dict(model=MODEL, input=TIME_QUESTION, tools=[TOOL], tool_choice={"type": "function", "name": "get_time"},
+              temperature=0, max_output_tokens=60)
+    whole = client.responses.create(**kw)
+    assert whole.status == "completed"
+    [call] = whole.output
+    assert call.type == "function_call" and call.name == "get_time" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), ZONE)
+
+    events = list(client.responses.create(**{**kw, "tool_choice": "required", "parallel_tool_calls": False},
+                                          stream=True))
+    types = [e.type for e in events]
+    assert types == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"], types
+    assert events[2].item.type == "function_call" and events[4].arguments == call.arguments
+    assert events[-1].response.output[0].arguments == call.arguments
+
+    # the next turn: the call and its result sent back, as chat would send them
+    answer = client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": TIME_QUESTION}, *whole.output,
+                            {"type": "function_call_output", "call_id": call.call_id, "output": "09:30"}],
+        tools=[TOOL], tool_choice="none", temperature=0, max_output_tokens=12)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": TIME_QUESTION},
+                               {"role": "assistant", "content": None, "tool_calls": [{
+                                   "id": call.call_id, "type": "function",
+                                   "function": {"name": call.name, "arguments": call.arguments}}]},
+                               {"role": "tool", "tool_call_id": call.call_id, "content": "09:30"}],
+        tools=[CHAT_TOOL], tool_choice="none", temperature=0, max_tokens=12)
+    assert answer.output_text == chat.choices[0].message.content and answer.output_text
+    blocks_back_to_zero(server)
+
+
+def test_a_json_schema_text_format_answer_parses_and_fits(server, client):
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["colour", "count"], "additionalProperties": False}
+    reply = client.responses.create(
+        model=MODEL, input="Pick a colour and a count.", temperature=0, max_output_tokens=40,
+        text={"format": {"type": "json_schema", "name": "pick", "schema": schema, "strict": True}})
+    assert reply.status == "completed" and reply.text.format.type == "json_schema"
+    jsonschema.validate(json.loads(reply.output_text), schema)
+    blocks_back_to_zero(server)
+
+
+@pytest.mark.parametrize("kw, param, code", [
+    ({"previous_response_id": "resp_123"}, "previous_response_id", "unsupported_parameter"),
+    ({"store": True}, "store", "unsupported_parameter"),
+    ({"reasoning": {"effort": "low"}}, "reasoning", "unsupported_parameter"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]", "unsupported_parameter"),
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate", "unknown_parameter"),
+])
+def test_stateful_and_unsupported_requests_are_400s(client, kw, param, code):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, **kw)
+    assert (info.value.body["param"], info.value.body["code"]) == (param, code)
+    if param in ("previous_response_id", "store"):
+        assert "stateless" in info.value.message
+    assert client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, store=False).output_text
