@@ -1,0 +1,430 @@
+"""lm-evaluation-harness through the OpenAI front door vs. in process: the same task, the same loglikelihoods.
+
+    python benchmarks/lm_eval/run.py                  # both runs + the comparison (needs `make serve`)
+    python benchmarks/lm_eval/run.py --skip-served    # only the in-process run (no server needed)
+    python benchmarks/lm_eval/run.py --compare-only   # re-compare the last two runs' sample logs
+
+1. lm-eval's `hf` model scores the task `qa20` (tasks/qa20.yaml: 20 questions of our own, 72 (question,
+   choice) loglikelihood requests) in process on models/smollm2-135m-instruct, float32, CPU, batch 1.
+2. lm-eval's `local-completions` model scores the same task through the front door's /v1/completions, with
+   the same Hugging Face tokenizer and `tokenized_requests=True`: each request is one POST of token ids
+   (lm_eval/models/openai_completions.py, LocalCompletionsAPI._create_payload, loglikelihood branch):
+
+       {"model": "llm", "prompt": [[<context + continuation token ids>]], "temperature": 0,
+        "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": true}
+
+   and it reads only (LocalCompletionsAPI.parse_logprobs), with ctxlen = the number of context tokens:
+
+       choices sorted by "index"; for each: sum(choice["logprobs"]["token_logprobs"][ctxlen:-1]) and, for
+       is_greedy, choice["logprobs"]["top_logprobs"][ctxlen:-1] (a dict per position; greedy when the
+       token's logprob equals max(top.values()))
+
+   so the answer must echo the prompt's tokens (the first one's logprob null) *followed by the one generated
+   token*: the slice's `-1` drops the last entry, which must be that generated token, not the prompt's last.
+3. The two runs' sample logs are compared request by request: |Δ loglikelihood| within --atol (float32 on
+   both sides over the same weights), and the same accuracy. Writes results.md and results.json beside this
+   file; exits 1 when the check fails, 2 when a run fails.
+
+lm-eval runs from its own virtual environment (.venv-lmeval, `make lm-eval-venv`; pins in requirements.txt
+beside this file), offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1): the task's data is the JSONL here.
+This script needs only the standard library.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+TASK = "qa20"
+DEFAULT_MODEL = "models/smollm2-135m-instruct"
+DEFAULT_BASE_URL = "http://127.0.0.1:9000/v1/completions"
+DEFAULT_LM_EVAL = REPO_ROOT / ".venv-lmeval" / "bin" / "lm-eval"
+RUNS_DIR = HERE / "runs"  # lm-eval's outputs (results_*.json, samples_*.jsonl); not kept in git
+TIGHT = 1e-4  # what float32 against float32 over identical weights should reach; reported, not enforced
+VERSION_PACKAGES = ["lm_eval", "torch", "transformers", "tokenizers", "datasets", "numpy"]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=DEFAULT_MODEL, help="HF model folder (also the served model's tokenizer)")
+    p.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the front door's /v1/completions URL")
+    p.add_argument("--served-model", default="llm", help="the `model` field sent to the front door")
+    p.add_argument("--lm-eval", default=str(DEFAULT_LM_EVAL), help="lm-eval executable (of .venv-lmeval)")
+    p.add_argument("--atol", type=float, default=2e-3, help="largest allowed |Δ loglikelihood| per request")
+    p.add_argument("--threads", type=int, default=1,
+                   help="OMP/torch threads of the in-process run (default 1: the machine is shared); 0: torch's")
+    p.add_argument("--max-retries", type=int, default=2, help="lm-eval's retries per request to the server")
+    p.add_argument("--timeout", type=int, default=120, help="seconds per request to the server")
+    p.add_argument("--limit", type=int, default=None, help="only the first N questions (a quick try)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--skip-served", action="store_true", help="only the in-process run; no comparison")
+    mode.add_argument("--skip-hf", action="store_true", help="reuse the last in-process run's samples")
+    mode.add_argument("--compare-only", action="store_true", help="run nothing; compare the last two runs")
+    return p.parse_args()
+
+
+# --- running lm-eval ----------------------------------------------------------------------------------------
+
+def api_key() -> str:
+    """The front door's key (make serve API_KEY=... / LLM_API_KEY); lm-eval sends OPENAI_API_KEY as a bearer."""
+    return os.environ.get("OPENAI_API_KEY") or os.environ.get("LLM_API_KEY", "")
+
+
+def lm_eval_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    if api_key():
+        env["OPENAI_API_KEY"] = api_key()
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_lm_eval(args: argparse.Namespace, side: str, model: str, model_args: str) -> dict:
+    """One `lm-eval run` into runs/<side>/ (emptied first); its log in runs/<side>.log."""
+    out = RUNS_DIR / side
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    cmd = [args.lm_eval, "run", "--model", model, "--model_args", model_args, "--tasks", TASK,
+           "--include_path", str(HERE / "tasks"), "--batch_size", "1", "--log_samples",
+           "--output_path", str(out)]
+    if model == "hf":
+        cmd += ["--device", "cpu"]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    log_path = RUNS_DIR / f"{side}.log"
+    print(f"[{side}] {' '.join(cmd)}", flush=True)
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        # cwd = the repository root: the task's data_files and the model path are relative to it.
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=lm_eval_env(args.threads if model == "hf" else 1),
+                              stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - start
+    text = log_path.read_text(errors="replace")
+    run = {"side": side, "model": model, "model_args": model_args, "command": cmd, "rc": proc.returncode,
+           "seconds": round(seconds, 1), "log": str(log_path.relative_to(REPO_ROOT))}
+    if proc.returncode != 0:
+        run["error"] = failure_summary(text)
+        print(f"[{side}] lm-eval failed (rc {proc.returncode}, log {log_path}):\n  {run['error']}", flush=True)
+        return run
+    print(f"[{side}] done in {seconds:.1f} s", flush=True)
+    return run
+
+
+def failure_summary(log_text: str) -> str:
+    """The server's answer when a request failed (lm-eval logs it before retrying), else the log's last line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    for marker in ("API request failed with error message:", "API request failed!"):
+        hits = [line for line in lines if marker in line]
+        if hits:
+            return hits[-1][hits[-1].index(marker):][:2000]
+    return lines[-1][:2000] if lines else "(empty log)"
+
+
+def load_run(side: str) -> dict:
+    """accuracy and per-request loglikelihoods from runs/<side>/ (the newest results/samples files)."""
+    out = RUNS_DIR / side
+    results_files = sorted(glob.glob(str(out / "**" / "results_*.json"), recursive=True))
+    samples_files = sorted(glob.glob(str(out / "**" / f"samples_{TASK}_*.jsonl"), recursive=True))
+    if not results_files or not samples_files:
+        raise FileNotFoundError(f"no lm-eval results/samples under {out}: run that side first")
+    results = json.loads(Path(results_files[-1]).read_text())
+    docs = {}
+    with open(samples_files[-1]) as f:
+        for line in f:
+            sample = json.loads(line)
+            requests = [(a["arg_0"], a["arg_1"]) for _, a in sorted(sample["arguments"].items(),
+                                                                     key=lambda kv: int(kv[0].rsplit("_", 1)[1]))]
+            # resps: one [[loglikelihood, is_greedy]] per request (lm-eval writes them as strings)
+            resps = [r[0] for r in sample["resps"]]
+            docs[sample["doc_id"]] = {
+                "doc": sample["doc"], "target": int(sample["target"]), "requests": requests,
+                "loglikelihoods": [float(r[0]) for r in resps],
+                "is_greedy": [str(r[1]) == "True" for r in resps],
+                "acc": float(sample["acc"]),
+            }
+    return {"acc": results["results"][TASK]["acc,none"], "n_docs": len(docs), "docs": docs,
+            "results_file": str(Path(results_files[-1]).relative_to(REPO_ROOT)),
+            "samples_file": str(Path(samples_files[-1]).relative_to(REPO_ROOT)),
+            "config": results.get("config", {})}
+
+
+# --- comparing -----------------------------------------------------------------------------------------------
+
+def compare(hf: dict, served: dict, atol: float) -> dict:
+    problems, items = [], []
+    if sorted(hf["docs"]) != sorted(served["docs"]):
+        problems.append(f"different documents: {sorted(hf['docs'])} vs {sorted(served['docs'])}")
+    max_abs, max_rel, n, tight = 0.0, 0.0, 0, 0
+    for doc_id in sorted(set(hf["docs"]) & set(served["docs"])):
+        a, b = hf["docs"][doc_id], served["docs"][doc_id]
+        if a["requests"] != b["requests"]:
+            problems.append(f"doc {doc_id}: the two runs scored different (context, continuation) pairs")
+            continue
+        pred_a = max(range(len(a["loglikelihoods"])), key=a["loglikelihoods"].__getitem__)
+        pred_b = max(range(len(b["loglikelihoods"])), key=b["loglikelihoods"].__getitem__)
+        if pred_a != pred_b:
+            problems.append(f"doc {doc_id}: predicted choice {pred_a} in process, {pred_b} served")
+        for i, ((context, continuation), la, lb) in enumerate(zip(a["requests"], a["loglikelihoods"],
+                                                                  b["loglikelihoods"])):
+            delta = lb - la
+            ok = math.isfinite(delta) and abs(delta) <= atol
+            n += 1
+            tight += abs(delta) <= TIGHT
+            max_abs = max(max_abs, abs(delta)) if math.isfinite(delta) else math.inf
+            max_rel = max(max_rel, abs(delta) / max(abs(la), 1e-12)) if math.isfinite(delta) else math.inf
+            if not ok:
+                problems.append(f"doc {doc_id} choice {i}: |Δ| = {abs(delta):.3g} > {atol:g}")
+            items.append({"doc_id": doc_id, "item": a["doc"].get("id", doc_id), "question": a["doc"]["question"],
+                          "choice": i,
+                          "continuation": continuation, "gold": i == a["target"],
+                          "hf_loglikelihood": la, "served_loglikelihood": lb, "delta": delta,
+                          "hf_is_greedy": a["is_greedy"][i], "served_is_greedy": b["is_greedy"][i],
+                          "hf_pred": i == pred_a, "served_pred": i == pred_b, "within": ok})
+    if hf["acc"] != served["acc"]:
+        problems.append(f"accuracy differs: {hf['acc']} in process, {served['acc']} served")
+    return {"n_requests": n, "max_abs_delta": max_abs, "max_rel_delta": max_rel, "atol": atol,
+            "within_tight": tight, "tight": TIGHT, "acc_equal": hf["acc"] == served["acc"],
+            "passed": not problems, "problems": problems, "items": items}
+
+
+# --- the record ----------------------------------------------------------------------------------------------
+
+def venv_versions(lm_eval: str) -> dict:
+    python = Path(lm_eval).parent / "python"
+    code = ("import importlib.metadata as m, json, platform, sys\n"
+            f"v = {{p: m.version(p) for p in {VERSION_PACKAGES!r}}}\n"
+            "v['python'] = platform.python_version()\nprint(json.dumps(v))")
+    try:
+        return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                                         check=True, timeout=60).stdout)
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
+        return {"error": str(e)}
+
+
+def machine() -> dict:
+    info = {"cores": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and "cpu_model" not in info:
+                info["cpu_model"] = value.strip()
+            elif key == "flags" and "cpu_flags" not in info:
+                info["cpu_flags"] = value.split()
+    except OSError:
+        pass
+    return info
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        return rev + ("+uncommitted changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def server_root(base_url: str) -> str:
+    parts = urllib.parse.urlsplit(base_url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def get_json(url: str, timeout: float = 5.0):
+    headers = {"Authorization": f"Bearer {api_key()}"} if api_key() else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+        body = response.read()
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:
+        return body.decode(errors="replace")
+
+
+def check_server(base_url: str) -> tuple[bool, str, object]:
+    root = server_root(base_url)
+    try:
+        get_json(root + "/health")
+    except (urllib.error.URLError, OSError) as e:
+        return False, f"no server answers {root}/health ({e}); start it with `make serve`", None
+    try:
+        models = get_json(root + "/v1/models")
+    except (urllib.error.URLError, OSError):
+        models = None
+    return True, "", models
+
+
+def model_args(run: dict | None, loaded: dict | None) -> str:
+    """The model_args of a run made now, else those recorded in its results file."""
+    if run:
+        return run["model_args"]
+    recorded = (loaded or {}).get("config", {}).get("model_args")
+    if isinstance(recorded, dict):
+        return ",".join(f"{k}={v}" for k, v in recorded.items())
+    return str(recorded) if recorded else "(not run)"
+
+
+def n_requests(run: dict | None) -> str:
+    return str(sum(len(d["requests"]) for d in run["docs"].values())) if run else ""
+
+
+def mark(pred: bool) -> str:
+    return " ◀" if pred else ""
+
+
+def question(item: dict) -> str:
+    """The question on an item's first row only."""
+    return item["question"].replace("|", "\\|") if item["choice"] == 0 else ""
+
+
+def fmt(x: float) -> str:
+    return "n/a" if x is None else f"{x:.6f}"
+
+
+def write_record(args, versions, hf, served, served_run, hf_run, comparison, models) -> None:
+    mach = machine()
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    record = {
+        "date": now, "git": git_revision(), "task": TASK, "versions": versions, "machine": mach,
+        "settings": {"model": args.model, "base_url": args.base_url, "served_model": args.served_model,
+                     "atol": args.atol, "threads_in_process": args.threads, "limit": args.limit},
+        "hf": {"acc": hf and hf["acc"], "n_docs": hf and hf["n_docs"], "run": hf_run,
+               "samples_file": hf and hf["samples_file"]},
+        "served": {"acc": served and served["acc"], "n_docs": served and served["n_docs"], "run": served_run,
+                   "samples_file": served and served["samples_file"], "v1_models": models},
+        "comparison": comparison and {k: v for k, v in comparison.items() if k != "items"},
+        "items": comparison["items"] if comparison else [
+            {"doc_id": d, "item": doc["doc"].get("id", d), "question": doc["doc"]["question"], "choice": i,
+             "continuation": req[1], "gold": i == doc["target"], "hf_loglikelihood": ll,
+             "hf_pred": ll == max(doc["loglikelihoods"])}
+            for d, doc in sorted((hf or {"docs": {}})["docs"].items())
+            for i, (req, ll) in enumerate(zip(doc["requests"], doc["loglikelihoods"]))],
+    }
+    record["passed"] = bool(comparison and comparison["passed"])
+    (HERE / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    v = versions
+    lines = [
+        f"# lm-eval: in process (`hf`) vs. the front door (`local-completions`), task `{TASK}`",
+        "",
+        f"Written by `python benchmarks/lm_eval/run.py` on {now} (repository {record['git']}); "
+        "the data behind it is in [results.json](results.json).",
+        "",
+        f"- lm-eval {v.get('lm_eval')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
+        f"tokenizers {v.get('tokenizers')}, datasets {v.get('datasets')}, Python {v.get('python')} "
+        "(`.venv-lmeval`)",
+        f"- CPU: {mach.get('cpu_model', '?')}, {mach.get('cores')} cores; flags: "
+        + " ".join(f for f in mach.get("cpu_flags", []) if f.startswith(("avx", "fma", "f16c", "amx"))),
+        f"- in process: `hf`, `{model_args(hf_run, hf)}`, batch 1, CPU",
+        f"- served: `local-completions`, `{model_args(served_run, served)}`",
+        "",
+        "| | accuracy | requests |",
+        "|---|---|---|",
+        f"| in process (`hf`) | {hf['acc'] if hf else 'not run'} | {n_requests(hf)} |",
+        f"| served (`local-completions`) | {served['acc'] if served else 'not run'} | {n_requests(served)} |",
+        "",
+    ]
+    if served_run and served_run.get("error"):
+        lines += [f"**The served run failed** (lm-eval rc {served_run['rc']}): `{served_run['error']}`", ""]
+    if comparison:
+        verdict = "PASSED" if comparison["passed"] else "FAILED"
+        lines += [
+            f"**Check {verdict}**: max |Δ loglikelihood| = {comparison['max_abs_delta']:.3g} "
+            f"(tolerance {comparison['atol']:g}; {comparison['within_tight']} of {comparison['n_requests']} "
+            f"requests within {comparison['tight']:g}; max relative {comparison['max_rel_delta']:.3g}); "
+            f"accuracies {'equal' if comparison['acc_equal'] else 'DIFFERENT'}.",
+            "",
+        ]
+        lines += [f"- {p}" for p in comparison["problems"][:20]] + ([""] if comparison["problems"] else [])
+        lines += ["| item | question | choice | gold | in process | served | Δ |",
+                  "|---|---|---|---|---|---|---|"]
+        for it in comparison["items"]:
+            lines.append(f"| {it['item']} | {question(it)} | {it['continuation'].strip()} | "
+                         f"{'✓' if it['gold'] else ''} | {fmt(it['hf_loglikelihood'])}{mark(it['hf_pred'])} | "
+                         f"{fmt(it['served_loglikelihood'])}{mark(it['served_pred'])} | {it['delta']:+.2e} |")
+    elif hf:
+        lines += ["| item | question | choice | gold | in process |", "|---|---|---|---|---|"]
+        for it in record["items"]:
+            lines.append(f"| {it['item']} | {question(it)} | {it['continuation'].strip()} | "
+                         f"{'✓' if it['gold'] else ''} | {fmt(it['hf_loglikelihood'])}{mark(it['hf_pred'])} |")
+    if hf:
+        lines += ["", 'Each row: the loglikelihood of " <choice>" after "Question: <question>\\nAnswer:". '
+                  "◀: the item's highest (the model's answer); acc counts the items whose ◀ is on ✓."]
+    (HERE / "results.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {HERE / 'results.md'} and results.json", flush=True)
+
+
+def main() -> int:
+    args = parse_args()
+    if not args.compare_only and not Path(args.lm_eval).exists():
+        print(f"error: {args.lm_eval} not found; build it with `make lm-eval-venv`", file=sys.stderr)
+        return 2
+    if not args.compare_only and not (REPO_ROOT / args.model / "config.json").exists():
+        print(f"error: no model at {args.model}; prepare it with `make model`", file=sys.stderr)
+        return 2
+    versions = venv_versions(args.lm_eval)
+    hf_model_args = f"pretrained={args.model},dtype=float32"
+    served_model_args = (f"model={args.served_model},base_url={args.base_url},tokenizer_backend=huggingface,"
+                         f"tokenizer={args.model},tokenized_requests=True,num_concurrent=1,"
+                         f"max_retries={args.max_retries},timeout={args.timeout}")
+    hf_run = served_run = None
+    failed = False
+    models = None
+    if not (args.skip_hf or args.compare_only):
+        hf_run = run_lm_eval(args, "hf", "hf", hf_model_args)
+        failed |= hf_run["rc"] != 0
+    if not (args.skip_served or args.compare_only or failed):
+        up, why, models = check_server(args.base_url)
+        if up:
+            served_run = run_lm_eval(args, "served", "local-completions", served_model_args)
+        else:
+            served_run = {"side": "served", "model_args": served_model_args, "rc": None, "error": why}
+            print(f"[served] {why}", flush=True)
+        failed |= served_run["rc"] != 0
+    hf = served = comparison = None
+    try:
+        hf = load_run("hf") if not (hf_run and hf_run["rc"] != 0) else None
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        failed = True
+    if not args.skip_served and not failed:
+        try:
+            served = load_run("served")
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed = True
+    if hf and served:
+        comparison = compare(hf, served, args.atol)
+    write_record(args, versions, hf, served, served_run, hf_run, comparison, models)
+    if hf:
+        print(f"in process: acc {hf['acc']}")
+    if comparison:
+        print(f"served: acc {served['acc']}; max |Δ loglikelihood| {comparison['max_abs_delta']:.3g} "
+              f"(tolerance {args.atol:g}): {'PASSED' if comparison['passed'] else 'FAILED'}")
+        for problem in comparison["problems"][:20]:
+            print(f"  {problem}")
+    if failed:
+        return 2
+    if comparison and not comparison["passed"]:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
