@@ -77,8 +77,8 @@ class Generation:
 def parse_chat(body: Any, served: list[str], default_max_tokens: int,
                render_chat: Callable[[list[dict]], str]) -> Generation:
     """A /v1/chat/completions body; `render_chat` applies the model's chat template."""
-    body = _fields(body, CHAT_FIELDS)
-    model = _model(body, served)
+    body = check_fields(body, CHAT_FIELDS)
+    model = served_model(body, served)
     if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
         raise bad_request("give max_completion_tokens or max_tokens, not both with different values",
                           "max_completion_tokens")
@@ -93,14 +93,14 @@ def parse_chat(body: Any, served: list[str], default_max_tokens: int,
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     if "logprobs" in body and not isinstance(body["logprobs"], bool):
         raise bad_request(f"logprobs must be a boolean, got {body['logprobs']!r}", "logprobs")
-    prompt = render_chat(conversation(_messages(body.get("messages")), tool_calling))
+    prompt = render_chat(conversation(chat_messages(body.get("messages")), tool_calling))
     names = {"max_tokens": "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
              "logprobs": "top_logprobs"}
     if "response_format" in body:
         names.update(guided_json="response_format", guided_json_object="response_format")
     if tool_calling is not None:
         names["guided_grammar"] = "tools"
-    generation = _generation(body, model, [prompt], max_tokens, logprobs, False, names, constraint)
+    generation = make_generation(body, model, [prompt], max_tokens, logprobs, False, names, constraint)
     generation.tool_calling = tool_calling
     return generation
 
@@ -132,11 +132,11 @@ def parse_completion(body: Any, served: list[str], default_max_tokens: int, voca
                      max_prompts: int = DEFAULT_MAX_PROMPTS_PER_REQUEST) -> Generation:
     """A /v1/completions body: `prompt` a string, a list of strings, a list of token ids or a list of such
     lists; at most `max_prompts` choices (prompts x n). `echo` with `logprobs` scores the prompt too."""
-    body = _fields(body, COMPLETION_FIELDS)
-    model = _model(body, served)
+    body = check_fields(body, COMPLETION_FIELDS)
+    model = served_model(body, served)
     if body.get("suffix"):
         raise unsupported("suffix")
-    prompts = _prompts(body.get("prompt"), vocab_size)
+    prompts = completion_prompts(body.get("prompt"), vocab_size)
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
         raise bad_request(f"logprobs must be an integer (the number of alternatives, 0-20), got {logprobs!r}",
@@ -153,10 +153,10 @@ def parse_completion(body: Any, served: list[str], default_max_tokens: int, voca
         raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing "
                           "generated)", "max_tokens")
     scoring = {"prompt_logprobs": logprobs or 0} if echo and (logprobs is not None or max_tokens == 0) else {}
-    return _generation(body, model, prompts, max_tokens, logprobs, echo, {}, scoring)
+    return make_generation(body, model, prompts, max_tokens, logprobs, echo, {}, scoring)
 
 
-def _fields(body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED,
+def check_fields(body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED,
             field_types: dict[str, tuple] = TYPES) -> dict:
     """The body's fields without nulls (null means the default), each known and of its JSON type;
     `refused`: the route's known fields this server cannot honour (400 unsupported_parameter)."""
@@ -176,7 +176,7 @@ def _fields(body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED,
     return body
 
 
-def _model(body: dict, served: list[str]) -> str:
+def served_model(body: dict, served: list[str]) -> str:
     model = body.get("model")
     if model is None:
         raise bad_request("model is required", "model")
@@ -185,7 +185,7 @@ def _model(body: dict, served: list[str]) -> str:
     return model
 
 
-def _messages(messages: Any) -> list[dict]:
+def chat_messages(messages: Any) -> list[dict]:
     if not messages:
         raise bad_request("messages must be a non-empty array", "messages")
     out = []
@@ -239,7 +239,7 @@ def _content(content: Any, param: str) -> str:
     raise bad_request(f"{param} must be a string or an array of text parts, got {content!r}", param)
 
 
-def _prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
+def completion_prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
     """A string, a list of strings, a list of token ids or a list of token-id lists -> the prompts."""
     form = "a string, an array of strings, an array of token ids or an array of token-id arrays"
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and _is_int(prompt[0])):
@@ -265,7 +265,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _generation(body: dict, model: str, prompts: list[str], max_tokens: Any, logprobs: int | None,
+def make_generation(body: dict, model: str, prompts: list[str], max_tokens: Any, logprobs: int | None,
                 echo: bool, names: dict[str, str], constraint: dict[str, Any] | None = None) -> Generation:
     stream = body.get("stream", False)
     options = body.get("stream_options")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import APIError, bad_request, unsupported
-from .openai_protocol import TYPES, Generation, _fields, _generation, _model
+from .openai_protocol import TYPES, Generation, check_fields, make_generation, served_model
 from .tools import ToolCalling, conversation, parse_tool_calling, tool_constraint
 
 FIELDS = frozenset({
@@ -54,8 +54,8 @@ class ResponsesRequest:
 def parse_responses(body: Any, served: list[str], default_max_tokens: int,
                     render_chat: Callable[[list[dict]], str]) -> ResponsesRequest:
     """A /v1/responses body; `render_chat` applies the model's chat template."""
-    body = _fields(body, FIELDS, UNSUPPORTED, FIELD_TYPES)
-    model = _model(body, served)
+    body = check_fields(body, FIELDS, UNSUPPORTED, FIELD_TYPES)
+    model = served_model(body, served)
     if "previous_response_id" in body:
         raise bad_request(f"previous_response_id is not supported: {STATELESS}", "previous_response_id",
                           "unsupported_parameter")
@@ -77,7 +77,7 @@ def parse_responses(body: Any, served: list[str], default_max_tokens: int,
     names = {"max_tokens": "max_output_tokens", "guided_json": "text.format", "guided_json_object": "text.format",
              "guided_grammar": "tools"}
     sampling_body = {key: body[key] for key in ("temperature", "top_p", "stream") if key in body}
-    generation = _generation(sampling_body, model, [prompt], body.get("max_output_tokens", default_max_tokens),
+    generation = make_generation(sampling_body, model, [prompt], body.get("max_output_tokens", default_max_tokens),
                              None, False, names, constraint)
     generation.tool_calling = tool_calling
     return ResponsesRequest(generation, {

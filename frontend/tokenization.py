@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .errors import bad_request
-from .openai_protocol import _fields, _messages, _model, _prompts
+from .openai_protocol import chat_messages, check_fields, completion_prompts, served_model
 from .tokenizer import ModelTokenizer
 
 TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
@@ -22,8 +22,8 @@ DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 def tokenize(body: Any, served: list[str], tokenizer: ModelTokenizer,
              render_chat: Callable[[list[dict]], str]) -> tuple[str, dict]:
     """(model, answer) for a /tokenize body."""
-    body = _fields(body, TOKENIZE_FIELDS)
-    model = _model(body, served)
+    body = check_fields(body, TOKENIZE_FIELDS)
+    model = served_model(body, served)
     for flag in ("add_special_tokens", "add_generation_prompt", "return_token_strs"):
         if not isinstance(body.get(flag, True), bool):
             raise bad_request(f"{flag} must be a boolean", flag)
@@ -33,19 +33,19 @@ def tokenize(body: Any, served: list[str], tokenizer: ModelTokenizer,
         if body.get("add_generation_prompt") is False:
             raise bad_request("add_generation_prompt: false is not supported (the prompt the model is sent ends "
                               "where the assistant's answer starts)", "add_generation_prompt")
-        text, special = render_chat(_messages(body["messages"])), False  # the template holds its own specials
+        text, special = render_chat(chat_messages(body["messages"])), False  # the template holds its own specials
     else:
         if not isinstance(body["prompt"], str):
             raise bad_request("prompt must be a string", "prompt")
-        text, special = _prompts(body["prompt"], tokenizer.vocab_size)[0], body.get("add_special_tokens", True)
+        text, special = completion_prompts(body["prompt"], tokenizer.vocab_size)[0], body.get("add_special_tokens", True)
     tokens = tokenizer.encode(text, add_special_tokens=special)
     strings = [tokenizer.token_text(t) for t in tokens] if body.get("return_token_strs") else None
     return model, {"count": len(tokens), "tokens": tokens, "token_strs": strings}
 
 
 def detokenize(body: Any, served: list[str], tokenizer: ModelTokenizer) -> dict:
-    body = _fields(body, DETOKENIZE_FIELDS)
-    _model(body, served)
+    body = check_fields(body, DETOKENIZE_FIELDS)
+    served_model(body, served)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("tokens must be an array of token ids", "tokens")
