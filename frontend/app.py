@@ -3,6 +3,7 @@
 Routes:
     POST /v1/chat/completions, POST /v1/completions   OpenAI API (whole answers or server-sent events)
     GET  /v1/models, GET /v1/models/{model}            the served model names and their max_model_len
+    POST /v1/responses                                 OpenAI's Responses API, stateless (responses_api.py)
     POST /tokenize, POST /detokenize                   the model's tokenizer (vLLM's routes)
     GET  /health                                       200 while the front door runs
     GET  /health/ready                                 200 when Triton reports every served model ready, else 503
