@@ -13,7 +13,7 @@ time, no padding) and caches them in a JSON file under the session's tmp dir.
 Environment:
     LLM_VENV             the venv that has nvidia-pytriton (read by scripts/serve.py; default .venv)
     LLM_REFERENCE_CACHE  optional JSON file that keeps reference outputs across sessions (default: tmp dir)
-    LLM_READY_TIMEOUT_S  seconds to wait for the server to become ready (default 300)
+    LLM_READY_TIMEOUT_S  seconds to wait for the server to become ready (default 600)
 """
 from __future__ import annotations
 
@@ -305,7 +305,7 @@ def server(tmp_path_factory) -> LLMServer:
     prefetch = threading.Thread(target=_prefetch_reference, args=(tmp_path_factory, stop_prefetch), daemon=True)
     prefetch.start()
     try:
-        serve.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "300")))
+        serve.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "600")))
         openai_port = serve.free_port()
         frontend = serve.start_frontend(
             f"127.0.0.1:{ports[1]}", openai_port, base / "frontend.log", models=FRONTEND_MODELS,
