@@ -18,7 +18,7 @@
 # Every target is idempotent: finished work is skipped (stamp files / existing outputs).
 
 # The venv MUST come from the system Python whose libpython3.11 the Triton python stub embeds
-# (Debian's 3.11.2), not from pyenv's python3 on PATH: see docs (environment.md).
+# (Debian's 3.11.2), not from pyenv's python3 on PATH: see README, "Quick start" (what `make` does).
 PYTHON       ?= /usr/bin/python3.11
 VENV         ?= .venv
 MODEL_DIR    ?= models/smollm2-135m-instruct
@@ -30,7 +30,9 @@ METRICS_PORT ?= 8002
 OPENAI_PORT  ?= 9000
 # The front door's API key (make serve API_KEY=...; or LLM_API_KEY in the environment). Passed to it through
 # the environment, never on a command line.
-API_KEY      ?= $(LLM_API_KEY)
+API_KEY      ?=
+LLM_API_KEY  ?=
+API_KEY      := $(or $(API_KEY),$(LLM_API_KEY))
 PYTEST_ARGS  ?=
 
 VENV_PY      := $(VENV)/bin/python
@@ -100,7 +102,7 @@ $(TRITON_STAMP): $(VENV_STAMP)
 	rm -rf $(TRITON_DIR)/backends && mv $(TRITON_DIR)/backends.tmp $(TRITON_DIR)/backends
 	@touch $@
 
-serve: export LLM_API_KEY = $(API_KEY)
+serve: export LLM_API_KEY := $(API_KEY)
 serve: venv model triton kernels weights
 	$(VENV_PY) scripts/serve.py --model-repository $(MODEL_REPOSITORY) \
 	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)

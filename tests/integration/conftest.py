@@ -317,6 +317,7 @@ def server(tmp_path_factory) -> LLMServer:
         assert not missing, f"no metrics for model(s) {missing}; log tail:\n{srv.log_tail()}"
         serve.wait_until_frontend_ready(openai_port, frontend, 120)
         yield srv
+        check_no_kv_block_leaks(srv)  # after the last test that used the server, whatever the order
     finally:
         if frontend is not None:
             serve.stop_server(frontend, timeout_s=10)
@@ -324,6 +325,23 @@ def server(tmp_path_factory) -> LLMServer:
         prefetch.join(timeout=60)  # torch must not be mid-computation when the interpreter exits
         code = serve.stop_server(proc)
         sys.stderr.write(f"\n[integration] tritonserver stopped (exit code {code}); log: {log_path}\n")
+
+
+def check_no_kv_block_leaks(server: LLMServer) -> None:
+    """Once idle, no model of the session's server holds a KV block or a request, and the server is alive."""
+    leaks = {}
+    for model in server.variants:
+        m = server.wait_idle(model, timeout_s=30)
+        used = m.get("llm_kv_cache_blocks_used", model, default=-1)
+        running = m.get("llm_requests_running", model, default=-1)
+        waiting = m.get("llm_requests_waiting", model, default=-1)
+        if (used, running, waiting) != (0, 0, 0):
+            leaks[model] = dict(blocks_used=used, running=running, waiting=waiting)
+        total = m.get("llm_kv_cache_blocks_total", model)
+        free = m.get("llm_kv_cache_blocks_free", model)
+        assert free == total or model in leaks, f"{model}: {free:.0f} free of {total:.0f} blocks while idle"
+    assert not leaks, f"models not back to idle 30 s after the suite: {leaks}"
+    assert server.alive(), "tritonserver died during the suite"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -439,6 +439,7 @@ def test_metrics_after_a_run(make_engine):
     prompt_before = metrics.total("llm_prompt_tokens_total")
     gen_before = metrics.total("llm_generation_tokens_total")
     finished_before = metrics.total("llm_requests_finished_total")
+    intervals_before = len(metrics.histograms["llm_inter_token_latency_seconds"])
     requests = [engine.build_request(f"m{i}", p, greedy(6, ignore_eos=True)) for i, p in enumerate(PROMPTS[:3])]
     run(engine, requests)
     assert metrics.total("llm_prompt_tokens_total") - prompt_before == sum(len(r.prompt_token_ids) for r in requests)
@@ -449,7 +450,8 @@ def test_metrics_after_a_run(make_engine):
     assert metrics.gauges["llm_requests_running"] == 0 and metrics.gauges["llm_requests_waiting"] == 0
     assert metrics.gauges["llm_kv_cache_blocks_free"] == 256
     assert len(metrics.histograms["llm_time_to_first_token_seconds"]) >= 3
-    assert all(v >= 0 for v in metrics.histograms["llm_inter_token_latency_seconds"])
+    intervals = metrics.histograms["llm_inter_token_latency_seconds"][intervals_before:]
+    assert len(intervals) == 3 * 5 and all(v >= 0 for v in intervals)  # 6 tokens: 5 gaps per request
 
 
 def test_n_above_max_num_seqs_is_refused_or_served(make_engine, tiny_llama):

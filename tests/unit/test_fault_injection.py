@@ -8,8 +8,9 @@ from backend.fault_injection import FaultInjector, InjectedFault
 
 def test_off_by_default():
     faults = FaultInjector("")
-    faults.before_forward(["anything"])
-    faults.before_step(["anything"])
+    assert not any(faults.markers.values())
+    prompts = ["<<FAIL THIS STEP>>", "<<KILL THE ENGINE>>", "step_error", "engine_death"]
+    assert faults.before_forward(prompts) is None and faults.before_step(prompts) is None  # nothing fires
 
 
 def test_each_kind_fires_at_its_own_point_only():
