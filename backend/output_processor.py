@@ -2,9 +2,9 @@
 
 `append` adds a generated token to a sequence and finishes it on EOS, a stop token, a stop string (the
 detokenizer holds back text that may become one), a completed grammar, max_tokens or the model's length.
-`collect` turns a request's state into a `RequestOutput`: the new text, token ids and logprobs of every sample for a stream,
-everything at the end otherwise, with each sample's cumulative logprob so far when it is tracked, and the
-prompt's logprobs (when asked for) once, in the first output after the prompt is computed.
+`collect` turns a request's state into a `RequestOutput`: the new text, token ids and logprobs of every sample
+for a stream, everything at the end otherwise, with each sample's cumulative logprob so far when it is
+tracked, and the prompt's logprobs (when asked for) once, in the first output after the prompt is computed.
 """
 from __future__ import annotations
 

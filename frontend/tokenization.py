@@ -37,7 +37,8 @@ def tokenize(body: Any, served: list[str], tokenizer: ModelTokenizer,
     else:
         if not isinstance(body["prompt"], str):
             raise bad_request("prompt must be a string", "prompt")
-        text, special = completion_prompts(body["prompt"], tokenizer.vocab_size)[0], body.get("add_special_tokens", True)
+        text = completion_prompts(body["prompt"], tokenizer.vocab_size)[0]
+        special = body.get("add_special_tokens", True)
     tokens = tokenizer.encode(text, add_special_tokens=special)
     strings = [tokenizer.token_text(t) for t in tokens] if body.get("return_token_strs") else None
     return model, {"count": len(tokens), "tokens": tokens, "token_strs": strings}

@@ -129,7 +129,8 @@ class Supervisor:
             if detail:
                 self.log("server log tail:\n" + detail)
             if self.max_restarts is not None and failures > self.max_restarts:
-                self.log(f"not restarting: {failures - 1} consecutive restarts already (max_restarts {self.max_restarts})")
+                self.log(f"not restarting: {failures - 1} consecutive restarts already "
+                         f"(max_restarts {self.max_restarts})")
                 return self.proc.returncode or 1
             delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (failures - 1))
             self.log(f"restarting in {delay:.1f} s")
