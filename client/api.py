@@ -17,6 +17,8 @@ from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 
+from backend.protocol import wire
+
 __all__ = [
     "DEFAULT_OUTPUTS",
     "FLAT_INPUTS",
@@ -37,21 +39,14 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 600.0
 
-# Flat input tensors (TensorRT-LLM ensemble style): name -> (Triton datatype, numpy dtype). Shape [1] except
-# BYTES lists (stop strings), which are sent with shape [len].
-_INT32 = ("INT32", np.int32)
-_FP32 = ("FP32", np.float32)
-_BOOL = ("BOOL", np.bool_)
-_BYTES = ("BYTES", np.object_)
+# Flat input tensors (TensorRT-LLM ensemble style): name -> (Triton datatype, numpy dtype), from the model's wire
+# contract. Shape [1] except lists (stop strings, stop token ids), which are sent with shape [len].
+_NUMPY = {wire.INT32: np.int32, wire.UINT64: np.uint64, wire.FP32: np.float32, wire.BOOL: np.bool_,
+          wire.BYTES: np.object_}
+_BOOL, _FP32, _BYTES = ((t, _NUMPY[t]) for t in (wire.BOOL, wire.FP32, wire.BYTES))
 FLAT_INPUTS: dict[str, tuple[str, Any]] = {
-    "max_tokens": _INT32, "top_k": _INT32, "min_tokens": _INT32, "n": _INT32,
-    "temperature": _FP32, "top_p": _FP32, "min_p": _FP32, "repetition_penalty": _FP32,
-    "presence_penalty": _FP32, "frequency_penalty": _FP32,
-    "seed": ("UINT64", np.uint64),
-    "stop": _BYTES, "stop_words": _BYTES,
-    "exclude_input_in_output": _BOOL, "ignore_eos": _BOOL, "return_logprobs": _BOOL,
-    "return_finish_reason": _BOOL, "return_num_input_tokens": _BOOL, "return_num_output_tokens": _BOOL,
-    "return_cumulative_logprob": _BOOL,
+    name: (datatype, _NUMPY[datatype]) for name, (datatype, _) in wire.INPUTS.items()
+    if name not in wire.PROMPT_INPUTS and name not in (wire.SAMPLING_JSON, "stream")
 }
 
 # The model sends its additional outputs only when asked (as Triton's vLLM backend does): this client asks
@@ -62,7 +57,12 @@ DEFAULT_OUTPUTS: dict[str, Any] = {
 
 
 class ServerError(Exception):
-    """The server (or transport) reported an error for the request; str(e) is the server's message."""
+    """The server (or transport) reported an error for the request; str(e) is the server's message, `kind` the
+    error kind it carries (backend/protocol/wire.py's ERROR_KINDS; None for transport and Triton's own errors)."""
+
+    def __init__(self, text: str, kind: str | None = None):
+        super().__init__(text)
+        self.kind = kind or wire.parse_error(text)[0]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -456,7 +456,8 @@ def _post(url: str, path: str, body: dict, timeout_s: Optional[float]
     if response.status != 200:
         text = response.read().decode("utf-8", errors="replace")
         conn.close()
-        raise ServerError(f"HTTP {response.status}: {_error_text(text)}")
+        message = _error_text(text)
+        raise ServerError(f"HTTP {response.status}: {message}", wire.parse_error(message)[0])
     return conn, response
 
 

@@ -20,11 +20,12 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from aiohttp import web
 
+from backend.protocol import wire
+
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STREAM_PATH = "/v1/batch/stream"
-WATCH_PARAMETER = "batch_view"  # backend/batch_view.py's request parameter
 KEEPALIVE_S = 15.0
 
 
@@ -128,9 +129,9 @@ class BatchViewHub:
             await asyncio.sleep(self.retry_s)
 
     async def _watch_once(self) -> None:
-        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text = grpcclient.InferInput("text_input", [1], wire.INPUTS["text_input"][0])
         text.set_data_from_numpy(np.array([b""], dtype=object))
-        request = {"model_name": self.model, "inputs": [text], "parameters": {WATCH_PARAMETER: True}}
+        request = {"model_name": self.model, "inputs": [text], "parameters": {wire.WATCH_PARAMETER: True}}
 
         async def requests():
             yield request

@@ -15,6 +15,8 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
+from backend.protocol.wire import INTERNAL, SERVER_BUSY, UNAVAILABLE
+
 from .admission import Admission
 from .errors import APIError, bad_request, internal_error, server_busy, unavailable
 from .openai_protocol import Generation
@@ -62,11 +64,11 @@ async def merged_deltas(llm: TritonLLM, generation: Generation,
 
 
 def api_error(exc: EngineError) -> APIError:
-    if exc.kind == "busy":
+    if exc.kind == SERVER_BUSY:
         return server_busy(exc.message)
-    if exc.kind == "unavailable":
+    if exc.kind == UNAVAILABLE:
         return unavailable(exc.message)
-    if exc.kind == "internal":
+    if exc.kind == INTERNAL:
         return internal_error(exc.message)
     return bad_request(exc.message)
 

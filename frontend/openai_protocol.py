@@ -3,7 +3,7 @@
 A chat or completion body becomes a `Generation`: the prompt text(s) to send as `text_input`, or token ids
 as `input_ids` (one Triton request per prompt; chat messages go through the model's chat template) and the
 JSON for the model's `sampling_parameters`. Every field is type-checked here, and the sampling values are
-validated with the engine's own rules (backend/sampling_params.py) before anything is sent, so a bad value is
+validated with the engine's own rules (backend/protocol/sampling_params.py) before anything is sent, so a bad value is
 a 400 naming the OpenAI parameter. A field this server does not act on is a 400, never silently ignored.
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from backend.sampling_params import InvalidRequest, SamplingParams
+from backend.protocol.sampling_params import SamplingParams
+from backend.protocol.values import InvalidRequest
 
 from .errors import bad_request, model_not_found, unsupported
 from .tools import ToolCalling, conversation, parse_tool_calling, tool_constraint

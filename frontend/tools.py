@@ -20,7 +20,7 @@ from .errors import bad_request
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# Compact JSON (as backend/structured_output.py asks for): flexible whitespace lets a small model pad forever.
+# Compact JSON (as backend/sampling/structured_output.py asks for): flexible whitespace lets a small model pad forever.
 _COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 

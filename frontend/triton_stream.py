@@ -21,10 +21,9 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-# How the model's refusals start (backend/engine_loop.py's ServerBusy, backend/engine.py's failed step); every
-# other error the model sends is its validation of the request (InvalidRequest, a message naming the field).
-BUSY_PREFIXES = ("server busy", "the server is shutting down")
-INTERNAL_PREFIXES = ("internal error",)
+from backend.protocol import wire
+from backend.protocol.wire import INTERNAL, INVALID_REQUEST, NO_FINISH_REASON, UNAVAILABLE, parse_error
+
 # scripts/serve.py's header for Triton's restricted APIs, as Triton expects it over gRPC
 ADMIN_HEADER = "triton-grpc-protocol-llm-admin-key"
 # tritonclient's own channel options, plus a short reconnect back-off: gRPC's default grows to 120 s while
@@ -58,14 +57,15 @@ class SampleDelta:
 
 
 class EngineError(Exception):
-    """The model refused or failed the request; `kind` is "busy", "unavailable", "internal" or "invalid"."""
+    """The model refused or failed the request. `kind` is one of backend/protocol/wire.py's ERROR_KINDS, read off
+    the model's error (`[server_busy] server busy: ...`) or given; an error without one is Triton's own about the
+    request as sent (invalid_request)."""
 
-    def __init__(self, message: str, kind: str | None = None):
+    def __init__(self, text: str, kind: str | None = None):
+        sent_kind, message = parse_error(text)
         super().__init__(message)
         self.message = message
-        lowered = message.lower()
-        self.kind = kind or ("busy" if lowered.startswith(BUSY_PREFIXES)
-                             else "internal" if lowered.startswith(INTERNAL_PREFIXES) else "invalid")
+        self.kind = kind or sent_kind or INVALID_REQUEST
 
 
 class TritonLLM:
@@ -121,9 +121,9 @@ class TritonLLM:
                     yield delta
                 if not unfinished:
                     return
-            raise EngineError("internal error: the model's stream ended before every sample finished")
+            raise EngineError("internal error: the model's stream ended before every sample finished", INTERNAL)
         except grpc.aio.AioRpcError as exc:
-            kind = "unavailable" if exc.code() == grpc.StatusCode.UNAVAILABLE else "internal"
+            kind = UNAVAILABLE if exc.code() == grpc.StatusCode.UNAVAILABLE else INTERNAL
             raise EngineError(f"the Triton server at {self.url} failed the request: {exc.details()}", kind) from None
         finally:
             if unfinished:  # left early: cancel the Triton request so its KV blocks are freed
@@ -138,13 +138,13 @@ def _inputs(prompt: str | list[int], sampling: dict) -> list:
         tensors = [_tensor("text_input", np.array([prompt.encode()], dtype=object))]
     else:
         tensors = [_tensor("input_ids", np.array(prompt, dtype=np.int32))]
-    tensors.append(_tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=object)))
+    tensors.append(_tensor(wire.SAMPLING_JSON, np.array([json.dumps(sampling).encode()], dtype=object)))
     return tensors + [_tensor(flag, np.array([True])) for flag in flags]
 
 
 def _tensor(name: str, value: np.ndarray):
-    kind = {np.dtype(bool): "BOOL", np.dtype(np.int32): "INT32"}.get(value.dtype, "BYTES")
-    tensor = grpcclient.InferInput(name, list(value.shape), kind)
+    """An input of the model's wire contract (its datatype from there), holding `value`."""
+    tensor = grpcclient.InferInput(name, list(value.shape), wire.INPUTS[name][0])
     tensor.set_data_from_numpy(value)
     return tensor
 
@@ -173,7 +173,7 @@ def _deltas(result, top: int | None, prompt_top: int | None, totals: dict[int, i
             token_ids=token_ids,
             num_input_tokens=num_input,
             num_output_tokens=totals[index],
-            finish_reason=None if reason == "None" else reason,
+            finish_reason=None if reason == NO_FINISH_REASON else reason,
             logprobs=None if entries is None else [_entry(t, e, top or 0) for t, e in zip(token_ids, entries)],
             prompt_logprobs=prompt_logprobs if i == 0 else None,
         ))

@@ -1,5 +1,5 @@
 """The additional outputs in Triton's vLLM backend's terms: what a response holds for which flags
-(backend/output_sender.py), the cumulative logprob the engine keeps per sample (with n > 1 and speculation),
+(backend/engine/output_sender.py), the cumulative logprob the engine keeps per sample (with n > 1 and speculation),
 and the front door reading the vLLM shapes back (frontend/triton_stream.py)."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from backend import EngineConfig, LLMEngine, SamplingParams
-from backend.output_sender import TokenTexts, response_arrays, vllm_logprobs
-from backend.request import FinishReason, Request, RequestOutput, SampleOutput
-from backend.request_inputs import OPTIONAL_OUTPUTS
+from backend.serving.response_tensors import TokenTexts, response_arrays, vllm_logprobs
+from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
+from backend.protocol.wire import OPTIONAL_OUTPUTS
 from frontend.triton_stream import _deltas
 
 ALWAYS = {"text_output", "output_ids", "sample_index"}

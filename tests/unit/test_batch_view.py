@@ -1,4 +1,4 @@
-"""backend/batch_view.py: step records built from a real (tiny) engine's steps (prefill chunks with their
+"""backend/serving/batch_view.py: step records built from a real (tiny) engine's steps (prefill chunks with their
 ranges, decodes, speculative verifications), none built when nobody watches, bounded watcher queues that
 drop the oldest record, and the watch stream's life cycle (records out, ends on cancel, close or a failed
 send)."""
@@ -11,11 +11,9 @@ import time
 import pytest
 
 from backend import EngineConfig, LLMEngine, SamplingParams
-from backend import engine as engine_module
-from backend.batch_view import (
-    DECODE, PREFILL, VERIFY, StepWatcher, StepWatchers, WatchStream, describe, engine_summary, is_watch_request,
-    step_record,
-)
+from backend.engine import llm_engine as engine_module
+from backend.engine.step_records import DECODE, PREFILL, VERIFY, StepWatcher, StepWatchers, describe, step_record
+from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
 
 PROMPT = "Once upon a time, in a land far away, there lived a very curious cat who wanted to see the sea."
 
@@ -88,7 +86,7 @@ def test_describe_is_the_log_line(make_engine):
     engine.add_request(request)
     total = len(request.prompt_token_ids)
     sched = engine.scheduler.schedule()
-    line = describe(step_record(engine, sched))
+    line = describe(step_record(engine.num_steps, sched, engine.scheduler, engine.config.max_num_batched_tokens))
     assert f"[viz#0 prefill 0:16/{total} 16t]" in line and "16/16 tokens" in line
     engine.abort("viz")
     record = run_watched(engine, [engine.build_request("viz2", "Hi", SamplingParams(temperature=0, max_tokens=2))])

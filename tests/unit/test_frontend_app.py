@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 
 from frontend import app as app_module
 from frontend.app import Settings, create_app
+from backend.protocol.wire import INTERNAL, INVALID_REQUEST, SERVER_BUSY, UNAVAILABLE, error_text
 from frontend.triton_stream import EngineError, SampleDelta
 
 
@@ -133,16 +134,19 @@ def test_body_over_the_limit_is_413_and_not_forwarded(front_door):
     run(main())
 
 
-@pytest.mark.parametrize("message, status, type_", [
-    ("server busy: 4 requests are already waiting (max_queue_size=4); retry later", 503, "server_busy"),
-    ("internal error while generating: boom", 500, "internal_server_error"),
-    ("n must be between 1 and 8, got 9", 400, "invalid_request_error"),
+@pytest.mark.parametrize("kind, message, status, type_", [
+    (SERVER_BUSY, "server busy: 4 requests are already waiting (max_queue_size=4); retry later", 503, "server_busy"),
+    (UNAVAILABLE, "the server is shutting down", 503, "service_unavailable"),
+    (INTERNAL, "internal error while generating: boom", 500, "internal_server_error"),
+    (INVALID_REQUEST, "n must be between 1 and 8, got 9", 400, "invalid_request_error"),
+    (None, "unexpected inference input 'x' for model 'llm'", 400, "invalid_request_error"),  # Triton's own
 ])
 @pytest.mark.parametrize("stream", [False, True])
-def test_engine_refusals_keep_their_status_when_streaming(front_door, message, status, type_, stream):
+def test_engine_refusals_keep_their_status_when_streaming(front_door, kind, message, status, type_, stream):
+    """The model's error kind (backend/protocol/wire.py) decides the status; the client sees the message alone."""
     async def main():
         server = await front_door()
-        FakeLLM.fail = message
+        FakeLLM.fail = error_text(message, kind) if kind else message
         async with aiohttp.ClientSession() as session:
             got, text = await _post(session, server, "/v1/completions", {"model": "llm", "prompt": "p",
                                                                         "stream": stream})

@@ -1,12 +1,13 @@
-"""backend/request_inputs.py: Triton inputs (numpy tensors + request parameters JSON) become a ParsedRequest;
+"""backend/serving/request_inputs.py: Triton inputs (numpy tensors + request parameters JSON) become a ParsedRequest;
 merge order: request parameters < sampling_parameters < flat tensors."""
 import json
 
 import numpy as np
 import pytest
 
-from backend.request_inputs import INPUT_NAMES, OPTIONAL_OUTPUTS, parse_request
-from backend.sampling_params import InvalidRequest
+from backend.protocol.wire import INPUT_NAMES, OPTIONAL_OUTPUTS
+from backend.serving.request_inputs import parse_request
+from backend.protocol.values import InvalidRequest
 
 
 def text(value, shape=(1,)):

@@ -20,6 +20,7 @@ from frontend.openai_protocol import parse_chat
 from frontend.responses_api import parse_responses
 from frontend.responses_output import OutputItems, ResponseAnswer
 from frontend.tools import CALL_OPEN, CALL_CLOSE
+from backend.protocol.wire import INTERNAL, SERVER_BUSY, error_text
 from frontend.triton_stream import EngineError, SampleDelta
 
 SERVED = ["llm"]
@@ -393,11 +394,11 @@ def test_errors_through_the_sdk(sdk):
         with pytest.raises(openai.BadRequestError) as info:
             await client.responses.create(model="llm", input="Hi", store=True)
         assert info.value.body["param"] == "store" and "stateless" in info.value.message
-        FakeLLM.fail = "server busy: the queue is full"
+        FakeLLM.fail = error_text("server busy: the queue is full", SERVER_BUSY)
         with pytest.raises(openai.InternalServerError) as info:  # a refusal before the first token keeps its 503
             await client.responses.create(model="llm", input="Hi", stream=True)
         assert info.value.status_code == 503
-        FakeLLM.fail, FakeLLM.fail_after = None, "internal error: the engine failed"
+        FakeLLM.fail, FakeLLM.fail_after = None, error_text("internal error: the engine failed", INTERNAL)
         events = [e async for e in await client.responses.create(model="llm", input="Hi", stream=True)]
         assert [e.type for e in events[-2:]] == ["error", "response.failed"]
         assert events[-1].response.error.message == "internal error: the engine failed"

@@ -1,4 +1,4 @@
-"""backend/structured_output.py: the client keys, the masks (exactly the grammar's next tokens, checked by brute
+"""backend/sampling/structured_output.py: the client keys, the masks (exactly the grammar's next tokens, checked by brute
 force on a small vocabulary), compile errors and caching; and end to end on the tiny random Llama: every kind of
 constraint holds under chunked prefill, n > 1, prefix caching, preemption and speculative decoding (a draft
 that breaks the grammar never gets through), and a seeded constrained request reproduces in a busy batch."""
@@ -13,9 +13,10 @@ import torch
 from test_engine import check_pool_empty, make_engine, run  # noqa: F401  (make_engine: the engine fixture)
 
 from backend import InvalidRequest, SamplingParams
-from backend.proposers import Proposer
-from backend.request import FinishReason
-from backend.structured_output import GrammarCompiler, StructuredOutput, advance, pop_guided_decoding
+from backend.spec.proposers import Proposer
+from backend.core.request import FinishReason
+from backend.protocol.guided_decoding import pop_guided_decoding
+from backend.sampling.structured_output import GrammarCompiler, StructuredOutput, advance, grammar_text
 
 # ----------------------------------------------------------------------------------------------- client keys
 
@@ -36,7 +37,7 @@ from backend.structured_output import GrammarCompiler, StructuredOutput, advance
 def test_client_keys(values, kind):
     values = {**values, "temperature": 0}
     guided = pop_guided_decoding(values)
-    assert guided.kind == kind and guided.grammar
+    assert guided.kind == kind and grammar_text(guided)
     assert values == {"temperature": 0}  # the constraint's keys are consumed, the rest is left
 
 
@@ -166,7 +167,7 @@ def test_a_complete_grammar_stops_the_sequence(small_vocab):
                                                     "grammar from GBNF to Lark: Rule 'undefined_rule' not found"),
 ])
 def test_compile_errors_name_the_problem(small_vocab, values, fragment):
-    """Malformed GBNF is refused while parsing the request; the rest when compiled."""
+    """Every grammar is turned into llguidance's and compiled off the request path; its errors name the problem."""
     compiler = GrammarCompiler(small_vocab, len(SMALL_TOKENS))
     with pytest.raises(InvalidRequest) as info:
         compiler.compile(pop_guided_decoding(values)).result(timeout=30)
@@ -181,7 +182,7 @@ def test_each_grammar_compiles_once(small_vocab):
     evicted = compiler.compile(b)
     compiler.compile(a)  # a is now the most recently used
     compiler.compile(c)  # evicts b
-    assert list(compiler._cache) == [a.grammar, c.grammar]
+    assert list(compiler._cache) == [(a.kind, a.spec), (c.kind, c.spec)]
     assert compiler.compile(a) is first and compiler.compile(b) is not evicted
 
 

@@ -19,11 +19,16 @@ try:
 except ImportError:  # running from a checkout: the repository root is three levels up
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from backend import EngineConfig, EngineLoop, EngineStopped, InvalidRequest, LLMEngine, RequestOutput, ServerBusy
-from backend.batch_view import WatchStream, engine_summary, is_watch_request
-from backend.metrics import PeriodicPublisher, TritonMetricsSink
-from backend.output_sender import TokenTexts, response_arrays
-from backend.request_inputs import INPUT_NAMES, parse_request
+from backend.core.config import EngineConfig
+from backend.core.metrics import PeriodicPublisher, TritonMetricsSink
+from backend.core.request import RequestOutput
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.loop import EngineLoop, EngineStopped, ServerBusy
+from backend.protocol.values import InvalidRequest
+from backend.protocol.wire import INPUT_NAMES, error_text
+from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
+from backend.serving.request_inputs import parse_request
+from backend.serving.response_tensors import TokenTexts, response_arrays
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -63,7 +68,8 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except (InvalidRequest, ServerBusy, EngineStopped) as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(str(exc), exc.kind))),
+                            flags=FINAL)
         return None
 
     def _submit(self, request, sender):
@@ -114,7 +120,8 @@ class _ResponseWriter:
 
     def send(self, output: RequestOutput):
         if output.error is not None:
-            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(output.error)), flags=FINAL)
+            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(output.error))),
+                             flags=FINAL)
             return
         if not output.samples:  # finished with nothing new to say
             self.sender.send(flags=FINAL)

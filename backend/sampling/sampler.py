@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .request import Sequence
+from backend.core.request import Sequence
 
 
 class Sampler:

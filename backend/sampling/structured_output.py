@@ -2,10 +2,11 @@
 
 A request may demand text that fits a JSON schema, any JSON object, a regular expression, one of a list of
 strings, or a grammar (Lark, or GBNF/EBNF as llama.cpp and vLLM write it). The request side turns the client's
-keys into one llguidance grammar (`pop_guided_decoding`). The engine side:
+keys into one constraint (backend/protocol/guided_decoding.py, pure). The engine side:
 
-- `GrammarCompiler` compiles each distinct grammar once, on a small thread pool (never on the engine
-  thread), and keeps the compiled matcher in an LRU cache keyed by the grammar's text; a request waits in the
+- `GrammarCompiler` turns each constraint into llguidance's grammar (`grammar_text`) and compiles each distinct
+  one once, on a small thread pool (never on the engine thread), keeping the compiled matcher in an LRU cache
+  keyed by the constraint's text; a request waits in the
   scheduler's queue until its grammar is compiled (`Request.compiling`) and fails with the compiler's message if
   it does not compile.
 - every sequence (each of `n` samples) gets its own matcher, a copy of the compiled one. The matcher advances
@@ -26,97 +27,37 @@ import concurrent.futures
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
 import llguidance
 import numpy as np
 import torch
 from llguidance import LLMatcher
 
-from .sampling_params import InvalidRequest, as_bool
+from backend.protocol.guided_decoding import GuidedDecoding
+from backend.protocol.values import InvalidRequest
+from backend.protocol.wire import INTERNAL, INVALID_REQUEST, ErrorText
 
-# vLLM's sampling-parameter keys (also the keys of its newer `structured_outputs` object, less the prefix).
-_GUIDED_KEYS = {
-    "guided_json": "json",
-    "guided_json_object": "json_object",
-    "guided_regex": "regex",
-    "guided_choice": "choice",
-    "guided_grammar": "grammar",
-}
-_STRUCTURED_OUTPUTS_KEY = "structured_outputs"
-CONSTRAINT_KEYS = sorted(_GUIDED_KEYS) + [_STRUCTURED_OUTPUTS_KEY]
 # Compact JSON: flexible whitespace lets a small model pad its output with newlines forever.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-@dataclass(frozen=True)
-class GuidedDecoding:
-    """One output constraint: `kind` is json, json_object, regex, choice or grammar; `grammar` is llguidance's."""
-
-    kind: str
-    grammar: str
-
-
-def pop_guided_decoding(values: dict[str, Any]) -> GuidedDecoding | None:
-    """Remove the structured-output keys from a request's parameters and return the constraint they ask for.
-
-    Accepts vLLM's `guided_json` / `guided_json_object` / `guided_regex` / `guided_choice` / `guided_grammar` and
-    the `structured_outputs` object (`{"json": ...}`, `{"regex": ...}`, ...); at most one constraint per request.
-    """
-    found = [(key, _GUIDED_KEYS[key], values.pop(key)) for key in list(values) if key in _GUIDED_KEYS]
-    nested = values.pop(_STRUCTURED_OUTPUTS_KEY, None)
-    if isinstance(nested, str):
-        try:
-            nested = json.loads(nested)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"structured_outputs must be a JSON object: {exc.msg} at position {exc.pos}") from None
-    if nested is not None:
-        if not isinstance(nested, dict):
-            raise InvalidRequest(f"structured_outputs must be an object, got {type(nested).__name__}")
-        unknown = sorted(set(nested) - set(_GUIDED_KEYS.values()))
-        if unknown:
-            raise InvalidRequest(
-                f"unknown structured_outputs key(s) {unknown}; allowed: {sorted(_GUIDED_KEYS.values())}"
-            )
-        found += [(f"structured_outputs.{kind}", kind, value) for kind, value in nested.items()]
-    # json_object is a flag: false (or null, for any key) asks for nothing
-    found = [(key, kind, value) for key, kind, value in found
-             if value is not None and (kind != "json_object" or as_bool(key, value))]
-    if not found:
-        return None
-    if len(found) > 1:
-        raise InvalidRequest(f"give at most one output constraint, got {[key for key, _, _ in found]}")
-    (key, kind, value), = found
-    return GuidedDecoding(kind, _grammar(key, kind, value))
-
-
-def _grammar(key: str, kind: str, value: Any) -> str:
-    """llguidance's grammar text for a constraint; malformed values (not well-formed JSON, wrong types) raise
-    InvalidRequest here, grammars that do not compile fail later, in the compiler."""
+def grammar_text(guided: GuidedDecoding) -> str:
+    """llguidance's grammar for a constraint (backend/protocol/guided_decoding.py checked its shape); GBNF that
+    does not convert raises InvalidRequest naming the client's key."""
+    kind, spec = guided.kind, guided.spec
     if kind == "json_object":
         return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
     if kind == "json":
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise InvalidRequest(f"{key} must be a JSON schema: {exc.msg} at position {exc.pos}") from None
-        if not isinstance(value, (dict, bool)):
-            raise InvalidRequest(f"{key} must be a JSON schema (an object), got {type(value).__name__}")
-        return LLMatcher.grammar_from_json_schema(value, defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(json.loads(spec), defaults=_JSON_OPTIONS)
     if kind == "choice":
-        if not (isinstance(value, list) and value and all(isinstance(c, str) and c for c in value)):
-            raise InvalidRequest(f"{key} must be a non-empty list of non-empty strings, got {value!r}")
-        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in value))
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidRequest(f"{key} must be a non-empty string, got {value!r}")
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(spec)))
     if kind == "regex":
-        return LLMatcher.grammar_from_regex(value)
+        return LLMatcher.grammar_from_regex(spec)
     try:
-        return llguidance.grammar_from("grammar", value)  # Lark as is; GBNF (llama.cpp / vLLM) converted
+        return llguidance.grammar_from("grammar", spec)  # Lark as is; GBNF (llama.cpp / vLLM) converted
     except ValueError as exc:
-        raise InvalidRequest(f"{key} is not a valid grammar: {exc}") from None
+        raise InvalidRequest(f"{guided.key} is not a valid grammar: {exc}") from None
 
 
 class GrammarCompiler:
@@ -127,7 +68,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.cache_size = cache_size
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="grammar")
-        self._cache: OrderedDict[str, concurrent.futures.Future] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], concurrent.futures.Future] = OrderedDict()
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()  # held while the tokenizer is built (about a second), once
         self._tokenizer: llguidance.LLTokenizer | None = None
@@ -136,16 +77,23 @@ class GrammarCompiler:
         """A future of the compiled matcher (in its start state); raises InvalidRequest when it is resolved if
         the grammar does not compile."""
         with self._lock:
-            future = self._cache.get(guided.grammar)
+            key = (guided.kind, guided.spec)
+            future = self._cache.get(key)
             if future is None:
-                future = self._cache[guided.grammar] = self._pool.submit(self._compile, guided)
+                future = self._cache[key] = self._pool.submit(self._compile, guided)
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-            self._cache.move_to_end(guided.grammar)
+            self._cache.move_to_end(key)
             return future
 
     def _compile(self, guided: GuidedDecoding) -> LLMatcher:
-        matcher = LLMatcher(self.tokenizer(), guided.grammar, log_level=0)
+        try:
+            grammar = grammar_text(guided)
+        except InvalidRequest:
+            raise
+        except ValueError as exc:  # llguidance refused the schema or pattern outright
+            raise InvalidRequest(f"the {_WHAT[guided.kind]} does not compile: {exc}") from None
+        matcher = LLMatcher(self.tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequest(f"the {_WHAT[guided.kind]} does not compile: {matcher.get_error().strip()}")
         return matcher
@@ -203,10 +151,10 @@ class StructuredOutput:
             try:
                 compiled = request.grammar.result()
             except InvalidRequest as exc:
-                request.error = str(exc)
+                request.error = ErrorText(str(exc), INVALID_REQUEST)
                 continue
             except Exception as exc:  # not the client's fault, but only this request's
-                request.error = f"the output constraint could not be compiled: {exc}"
+                request.error = ErrorText(f"the output constraint could not be compiled: {exc}", INTERNAL)
                 continue
             for seq in request.sequences:
                 seq.matcher = compiled.deep_copy()

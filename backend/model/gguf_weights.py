@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .weight_blocks import Blocks, Packed, from_gguf_rows
+from backend.model.weight_blocks import Blocks, Packed, from_gguf_rows
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def verified_blocks(model_dir: str | Path, hf_model) -> tuple[dict[str, Blocks],
 
 def cache_dir() -> Path:
     """`LLM_WEIGHT_CACHE`, else `.cache/weights` in the checkout."""
-    return Path(os.environ.get("LLM_WEIGHT_CACHE") or Path(__file__).resolve().parents[1] / ".cache" / "weights")
+    return Path(os.environ.get("LLM_WEIGHT_CACHE") or Path(__file__).resolve().parents[2] / ".cache" / "weights")
 
 
 def _cache_key(model_dir: Path) -> str:
@@ -146,7 +146,7 @@ def verified_packed(model_dir: str | Path, hf_model) -> tuple[dict[str, Packed],
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m backend.gguf_weights MODEL_DIR`: check and pack a model's GGUF blocks into the cache now (set-up
+    """`python -m backend.model.gguf_weights MODEL_DIR`: check and pack a model's GGUF blocks into the cache now (set-up
     does this once, so that servers start without it)."""
     import sys
 

@@ -7,9 +7,10 @@ import logging
 import threading
 from collections import deque
 
-from .engine import LLMEngine
-from .output_sender import OutputSender
-from .request import Request, RequestOutput
+from backend.core.request import Request, RequestOutput
+from backend.engine.llm_engine import LLMEngine
+from backend.engine.output_sender import OutputSender
+from backend.protocol.wire import INTERNAL, SERVER_BUSY, UNAVAILABLE, ErrorText
 
 log = logging.getLogger(__name__)
 
@@ -17,9 +18,16 @@ log = logging.getLogger(__name__)
 class ServerBusy(Exception):
     """The waiting queue is full; the request is refused at once."""
 
+    kind = SERVER_BUSY
+
 
 class EngineStopped(Exception):
     """The engine thread is gone (it died, or the model is shutting down); the request is refused at once."""
+
+    kind = UNAVAILABLE
+
+
+SHUTTING_DOWN = ErrorText("the server is shutting down", UNAVAILABLE)
 
 
 class EngineLoop:
@@ -31,7 +39,7 @@ class EngineLoop:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
         self.sender = OutputSender()
-        self.failure: str | None = None  # why the engine thread died, once it has
+        self.failure: ErrorText | None = None  # why the engine thread died, once it has
 
     def start(self) -> "EngineLoop":
         self._thread.start()
@@ -49,7 +57,7 @@ class EngineLoop:
             if self.failure is not None:
                 raise EngineStopped(self.failure)
             if self._stopping.is_set():
-                raise EngineStopped("the server is shutting down")
+                raise EngineStopped(SHUTTING_DOWN)
             if limit and self.num_waiting >= limit:
                 self.engine.metrics.inc("llm_requests_rejected_total")
                 self.engine.metrics.flush()
@@ -67,9 +75,9 @@ class EngineLoop:
         except BaseException as exc:  # noqa: BLE001 - the thread is dying: say so to every request
             log.exception("the engine thread died")
             with self._lock:
-                self.failure = (
+                self.failure = ErrorText(
                     f"the engine stopped after an internal error ({type(exc).__name__}: {exc}); "
-                    "the model must be reloaded (restart the server)"
+                    "the model must be reloaded (restart the server)", UNAVAILABLE
                 )
             self._fail_in_flight(self.failure)
             self.engine.metrics.set("llm_engine_alive", 0)
@@ -92,7 +100,7 @@ class EngineLoop:
             try:
                 self.engine.add_request(request)
             except Exception as exc:  # e.g. a duplicate id: answer this request only
-                self.sender.put(_error_output(request, str(exc)))
+                self.sender.put(_error_output(request, ErrorText(str(exc), getattr(exc, "kind", INTERNAL))))
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop the loop, then answer every request still in flight with an error."""
@@ -100,10 +108,10 @@ class EngineLoop:
             self._stopping.set()
         self._wakeup.set()
         self._thread.join(timeout=timeout_s)
-        self._fail_in_flight("the server is shutting down")
+        self._fail_in_flight(SHUTTING_DOWN)
         self.sender.close(timeout_s)
 
-    def _fail_in_flight(self, message: str) -> None:
+    def _fail_in_flight(self, message: ErrorText) -> None:
         """Answer every request not yet finished with `message`, freeing what the engine holds for it."""
         with self._lock:
             incoming = list(self._incoming)

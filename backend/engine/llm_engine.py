@@ -12,23 +12,25 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from .batch_view import StepWatchers, describe, step_record
-from .block_manager import BlockManager
-from .config import ConfigError, EngineConfig
-from .detokenizer import IncrementalDetokenizer
-from .fault_injection import FaultInjector
-from . import kernels
-from .hardware import resolve_for_model, serving_threads
-from .metrics import EngineMetrics
-from .model_runner import DTYPES, ForwardItem, ModelRunner
-from .output_processor import OutputProcessor
-from .proposers import DraftModelProposer, NgramProposer, Proposer
-from .request import FinishReason, Request, RequestOutput, Sequence
-from .sampler import Sampler
-from .sampling_params import InvalidRequest, SamplingParams
-from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from .spec_decode import SpeculativeDecoder
-from .structured_output import StructuredOutput
+from backend.core.block_manager import BlockManager
+from backend.core.config import ConfigError, EngineConfig
+from backend.core.detokenizer import IncrementalDetokenizer
+from backend.core.fault_injection import FaultInjector
+from backend.core.metrics import EngineMetrics
+from backend.core.output_processor import OutputProcessor
+from backend.core.request import FinishReason, Request, RequestOutput, Sequence
+from backend.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from backend.engine.step_records import StepWatchers, describe, step_record
+from backend.model import kernels
+from backend.model.hardware import resolve_for_model, serving_threads
+from backend.model.runner import DTYPES, ForwardItem, ModelRunner
+from backend.protocol.sampling_params import SamplingParams
+from backend.protocol.values import InvalidRequest
+from backend.protocol.wire import INTERNAL, ErrorText
+from backend.sampling.sampler import Sampler
+from backend.sampling.structured_output import StructuredOutput
+from backend.spec.decoder import SpeculativeDecoder
+from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class LLMEngine:
             )
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
-        self.watchers = StepWatchers()  # live viewers of the batch (batch_view.py)
+        self.watchers = StepWatchers()  # live viewers of the batch (step_records.py)
         self.num_lookahead_tokens = config.num_speculative_tokens if config.speculative else 0
         self._seed_source = np.random.default_rng(config.seed or None)
         self._reported_prefix = (0, 0)
@@ -231,7 +233,7 @@ class LLMEngine:
             except Exception as exc:  # fail this step's requests, keep serving the others
                 log.exception("engine step failed")
                 for item in sched.scheduled:
-                    self._abort(item.seq.request, f"internal error while generating: {exc}")
+                    self._abort(item.seq.request, ErrorText(f"internal error while generating: {exc}", INTERNAL))
             for item in sched.scheduled:
                 touched[item.seq.request.request_id] = item.seq.request
             self._record_step(sched, started)
@@ -321,7 +323,8 @@ class LLMEngine:
         self.metrics.observe("llm_step_num_sequences", len(sched.scheduled))
         self.metrics.observe("llm_step_num_tokens", sched.num_batched_tokens)
         if self.watchers.active or self.config.log_batch_visualization:  # no record unless someone looks
-            record = step_record(self, sched, time.perf_counter() - started)
+            record = step_record(self.num_steps, sched, self.scheduler, self.config.max_num_batched_tokens,
+                                 time.perf_counter() - started)
             self.watchers.publish(record)
             if self.config.log_batch_visualization:
                 log.info("%s", describe(record))

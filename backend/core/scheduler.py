@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
-from .request import Sequence, SequenceStatus
+from backend.core.block_manager import BlockManager
+from backend.core.request import Sequence, SequenceStatus
 
 
 @dataclass

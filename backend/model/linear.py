@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import kernels
-from .weight_blocks import FORMATS, Packed
+from backend.model import kernels
+from backend.model.weight_blocks import FORMATS, Packed
 
 GROUP_SIZE = 32  # the GGUF Q4_1 / Q8_0 block: weights share a scale (and Q4_1 an offset) per 32 inputs
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from . import fused_llama, kernels
-from .gguf_weights import verified_packed
-from .linear import LowBitLinear
-from .paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
-from .weight_blocks import Packed, quantize_q8_0
+from backend.model import fused_llama, kernels
+from backend.model.gguf_weights import verified_packed
+from backend.model.linear import LowBitLinear
+from backend.model.paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
+from backend.model.weight_blocks import Packed, quantize_q8_0
 
 log = logging.getLogger(__name__)
 

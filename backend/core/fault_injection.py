@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .config import ConfigError
+from backend.core.config import ConfigError
 
 KINDS = ("step_error", "engine_death")
 

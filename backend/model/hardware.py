@@ -106,8 +106,8 @@ def serving_threads(single_sequence: bool = False) -> int:
 
 def resolve_for_model(model_dir: str, dtype: str, quantization: str, device: str) -> tuple[str, str, str, int]:
     """`resolve_weights` for a model folder on this machine: (dtype, quantization, reason, kernel isa)."""
-    from . import kernels
-    from .gguf_weights import find_gguf
+    from backend.model import kernels
+    from backend.model.gguf_weights import find_gguf
 
     has_gguf = find_gguf(model_dir) is not None
     isa = kernels.best_isa() if device == "cpu" and (has_gguf or quantization in _FP32_KINDS) else 0

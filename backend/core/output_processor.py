@@ -12,11 +12,17 @@ import time
 
 import torch
 
-from .metrics import EngineMetrics
-from .request import FinishReason, Request, RequestOutput, SampleOutput, Sequence
-from .sampler import Sampler
-from .scheduler import Scheduler
-from .structured_output import advance
+from backend.core.metrics import EngineMetrics
+from backend.core.request import (
+    FinishReason,
+    Request,
+    RequestOutput,
+    SampleOutput,
+    Sequence,
+)
+from backend.core.scheduler import Scheduler
+from backend.sampling.sampler import Sampler
+from backend.sampling.structured_output import advance
 
 
 class OutputProcessor:

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from .block_manager import BlockManager
-from .config import EngineConfig
-from .metrics import EngineMetrics
-from .output_processor import OutputProcessor
-from .proposers import Proposer
-from .rejection_sampler import verify_greedy, verify_sampled
-from .request import Sequence
-from .sampler import Sampler
-from .scheduler import ScheduledSeq, SchedulerOutput
-from .spec_policy import AdaptivePolicy
+from backend.core.block_manager import BlockManager
+from backend.core.config import EngineConfig
+from backend.core.metrics import EngineMetrics
+from backend.core.output_processor import OutputProcessor
+from backend.core.request import Sequence
+from backend.core.scheduler import ScheduledSeq, SchedulerOutput
+from backend.sampling.sampler import Sampler
+from backend.spec.policy import AdaptivePolicy
+from backend.spec.proposers import Proposer
+from backend.spec.rejection_sampler import verify_greedy, verify_sampled
 
 
 class SpeculativeDecoder:

@@ -1,4 +1,4 @@
-"""Step records for live watchers: what each engine step ran, for a person watching the batch.
+"""Step records: what each engine step ran, for a person watching the batch.
 
 Per step, a record says which sequences ran and how (a prefill chunk with its token range, a decode, or a
 speculative verification with its drafted / accepted counts), the step's tokens against the budget, KV
@@ -6,33 +6,25 @@ blocks used and the queue. `describe()` turns a record into the `log_batch_visua
 
 Watching is free when nobody watches: the engine builds no record unless `StepWatchers.active` (one
 attribute read per step). A slow watcher never slows the engine: each has a bounded queue that drops its
-oldest record when full and counts the drops. `WatchStream` pumps one watcher's records to a client
-(the Triton model sends them as the responses of a "watch" request) from a thread of its own.
+oldest record when full and counts the drops. backend/serving/batch_view.py streams a watcher's records to a
+client.
 """
 from __future__ import annotations
 
-import json
-import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine import LLMEngine
-    from .scheduler import SchedulerOutput
+    from backend.core.scheduler import Scheduler, SchedulerOutput
 
-log = logging.getLogger(__name__)
-
-WATCH_PARAMETER = "batch_view"  # a request parameter: true makes the request a watch
 PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
 
 
-# ------------------------------------------------------------------------------------------------ records
-
-
-def step_record(engine: "LLMEngine", sched: "SchedulerOutput", step_time_s: float = 0.0) -> dict:
-    """The record of one step. Queue and KV figures are read after the step (as the metric gauges)."""
+def step_record(step: int, sched: "SchedulerOutput", scheduler: "Scheduler", token_budget: int,
+                step_time_s: float = 0.0) -> dict:
+    """The record of step number `step`. Queue and KV figures are read after the step (as the metric gauges)."""
     seqs = []
     for s in sched.scheduled:
         seq = s.seq
@@ -46,33 +38,20 @@ def step_record(engine: "LLMEngine", sched: "SchedulerOutput", step_time_s: floa
             entry.update(kind=DECODE)
         entry["finished"] = seq.is_finished
         seqs.append(entry)
-    bm = engine.block_manager
+    bm = scheduler.block_manager
     return {
         "type": "step",
-        "step": engine.num_steps,
+        "step": step,
         "time": time.time(),
         "step_ms": round(step_time_s * 1000, 3),
         "num_tokens": sched.num_batched_tokens,
-        "token_budget": engine.config.max_num_batched_tokens,
+        "token_budget": token_budget,
         "kv_blocks_used": bm.num_used_blocks,
         "kv_blocks_total": bm.num_blocks,
-        "running": len(engine.scheduler.running),
-        "waiting": len(engine.scheduler.waiting),
+        "running": len(scheduler.running),
+        "waiting": len(scheduler.waiting),
         "preempted": [f"{seq.request.request_id}#{seq.sample_index}" for seq in sched.preempted],
         "seqs": seqs,
-    }
-
-
-def engine_summary(engine: "LLMEngine") -> dict:
-    """The first record a watcher gets: the limits every step record is drawn against."""
-    config = engine.config
-    return {
-        "type": "config",
-        "token_budget": config.max_num_batched_tokens,
-        "max_num_seqs": config.max_num_seqs,
-        "kv_blocks_total": engine.block_manager.num_blocks,
-        "block_size": config.block_size,
-        "num_speculative_tokens": config.num_speculative_tokens if config.speculative else 0,
     }
 
 
@@ -92,20 +71,6 @@ def describe(record: dict) -> str:
         f"step {record['step']}: {len(record['seqs'])} seqs, {record['num_tokens']}/{record['token_budget']} "
         f"tokens, KV {record['kv_blocks_used']}/{record['kv_blocks_total']} blocks{preempted} " + " ".join(parts)
     )
-
-
-def is_watch_request(parameters_json: str) -> bool:
-    """Whether a request's parameters (Triton's JSON) ask for a watch: `"batch_view": true`."""
-    if WATCH_PARAMETER not in parameters_json:  # the common case costs a substring test
-        return False
-    try:
-        value = json.loads(parameters_json).get(WATCH_PARAMETER)
-    except (ValueError, AttributeError):
-        return False
-    return value is True or (isinstance(value, str) and value.lower() == "true")
-
-
-# ------------------------------------------------------------------------------------------------ watchers
 
 
 class StepWatcher:
@@ -171,47 +136,3 @@ class StepWatchers:
             watchers, self._watchers = self._watchers, ()
         for watcher in watchers:
             watcher.close()
-
-
-class WatchStream:
-    """Sends one watcher's records to a client from its own thread until the client cancels or the
-    watcher closes: first the engine summary, then batches of step records, each batch one JSON text
-    `{"records": [...], "dropped": n}` (n: records this watcher has lost so far)."""
-
-    def __init__(self, watchers: StepWatchers, summary: dict, send: Callable[[str], None],
-                 is_cancelled: Callable[[], bool], finish: Callable[[], None], poll_s: float = 0.1,
-                 capacity: int = 512):
-        self.watchers = watchers
-        self.watcher = watchers.add(capacity)
-        self.summary = summary
-        self.send = send
-        self.is_cancelled = is_cancelled
-        self.finish = finish
-        self.poll_s = poll_s
-        self.thread = threading.Thread(target=self._run, name="llm-batch-view", daemon=True)
-
-    def start(self) -> "WatchStream":
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        watcher = self.watcher
-        try:
-            self.send(json.dumps({"records": [self.summary], "dropped": 0}))
-            checked = time.monotonic()
-            while not watcher.closed:
-                records = watcher.take(self.poll_s)
-                if records:
-                    self.send(json.dumps({"records": records, "dropped": watcher.dropped}))
-                if time.monotonic() - checked >= self.poll_s:  # a round trip: once per poll_s at most
-                    if self.is_cancelled():
-                        break
-                    checked = time.monotonic()
-        except Exception:  # the client went away mid-send: nothing more to do for it
-            log.info("batch view watcher ended by a failed send", exc_info=True)
-        finally:
-            self.watchers.remove(watcher)
-            try:
-                self.finish()
-            except Exception:
-                log.debug("final response of a batch view watcher failed", exc_info=True)

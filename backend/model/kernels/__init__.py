@@ -3,7 +3,7 @@ torch's C++ extension tooling and cached.
 
 The build has no CPU-specific flags: each instruction-set path is compiled with its own target pragma and the
 running CPU picks one per call (`best_isa`), so one artefact serves every x86 machine; the cache key is the
-source's hash and the torch version. `make venv` builds it (`python -m backend.kernels`); a server that finds
+source's hash and the torch version. `make venv` builds it (`python -m backend.model.kernels`); a server that finds
 no build makes one at load (about a minute on 2 cores) or, where that fails, runs the pure-torch path and says
 why in the load log.
 """
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(n) for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp")]
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]
 _state: dict[str, object] = {}
 
 
@@ -88,7 +88,7 @@ def best_isa() -> int:
 
 
 def main() -> None:
-    """`python -m backend.kernels`: build (or find) the kernels and say what this CPU runs."""
+    """`python -m backend.model.kernels`: build (or find) the kernels and say what this CPU runs."""
     logging.basicConfig(level=logging.INFO)
     built = load()
     state = "built" if built else "NOT built: " + load_error()

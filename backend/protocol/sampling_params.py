@@ -2,21 +2,20 @@
 
 Clients send these as vLLM-style JSON (`sampling_parameters`), as TensorRT-LLM-style flat tensors, or as
 request parameters; values may arrive as strings (GenAI-Perf sends them so). Every bad value raises
-InvalidRequest with a message that says what was wrong and what is allowed.
+InvalidRequest with a message that says what was wrong and what is allowed. Pure Python: the front door
+validates with this module before a request reaches Triton.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .structured_output import GuidedDecoding
-
-
-class InvalidRequest(ValueError):
-    """A request the engine refuses; the message is meant for the client."""
-
+from backend.protocol.guided_decoding import (
+    CONSTRAINT_KEYS,
+    GuidedDecoding,
+    pop_guided_decoding,
+)
+from backend.protocol.values import InvalidRequest, as_bool, as_float, as_int, in_range
 
 # Upper bounds on list-valued inputs (the README's "Security and limits" lists every bound).
 MAX_STOP_STRINGS = 16
@@ -49,7 +48,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (computed in prefill)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
     num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
-    guided_decoding: "GuidedDecoding | None" = None  # an output constraint (structured_output.py)
+    guided_decoding: GuidedDecoding | None = None  # an output constraint (guided_decoding.py)
 
     @property
     def greedy(self) -> bool:
@@ -61,8 +60,6 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], max_n: int = 8, max_tokens_limit: int = 1 << 20) -> "SamplingParams":
-        from .structured_output import CONSTRAINT_KEYS, pop_guided_decoding  # here: that module imports this one
-
         values = dict(resolve_aliases(values))
         guided_decoding = pop_guided_decoding(values)
         unknown = sorted(set(values) - set(_PARSERS))
@@ -79,28 +76,28 @@ class SamplingParams:
         return params
 
     def _check(self, max_n: int, max_tokens_limit: int) -> None:
-        _in_range("n", self.n, 1, max_n)
+        in_range("n", self.n, 1, max_n)
         scoring_only = self.max_tokens == 0 and self.prompt_logprobs is not None
         if not scoring_only and not 1 <= self.max_tokens <= max_tokens_limit:
             raise InvalidRequest(f"max_tokens must be between 1 and {max_tokens_limit}, got {self.max_tokens} "
                                  "(0 only with prompt_logprobs: the prompt scored, nothing generated)")
-        _in_range("min_tokens", self.min_tokens, 0, self.max_tokens, hint=" (at most max_tokens)")
-        _in_range("temperature", self.temperature, 0.0, 100.0)
+        in_range("min_tokens", self.min_tokens, 0, self.max_tokens, hint=" (at most max_tokens)")
+        in_range("temperature", self.temperature, 0.0, 100.0)
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise InvalidRequest(f"top_k must be -1 or 0 (off) or a positive integer, got {self.top_k}")
-        _in_range("min_p", self.min_p, 0.0, 1.0)
+        in_range("min_p", self.min_p, 0.0, 1.0)
         if not 0.0 < self.repetition_penalty <= 10.0:
             raise InvalidRequest(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
-        _in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         if self.seed is not None:
-            _in_range("seed", self.seed, 0, 2**64 - 1)
+            in_range("seed", self.seed, 0, 2**64 - 1)
         if self.logprobs is not None:
-            _in_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+            in_range("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
-            _in_range("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+            in_range("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidRequest(
                 f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(self.logit_bias)}"
@@ -108,9 +105,9 @@ class SamplingParams:
         for token_id, bias in self.logit_bias.items():
             if token_id < 0:
                 raise InvalidRequest(f"logit_bias keys must be token ids (integers >= 0), got {token_id}")
-            _in_range(f"logit_bias[{token_id}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+            in_range(f"logit_bias[{token_id}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
         if self.num_speculative_tokens is not None:
-            _in_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
+            in_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequest(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(s == "" for s in self.stop):
@@ -136,48 +133,6 @@ def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _in_range(name: str, value, low, high, hint: str = "") -> None:
-    if not low <= value <= high:
-        raise InvalidRequest(f"{name} must be between {low} and {high}{hint}, got {value}")
-
-
-def _as_int(name: str, value) -> int:
-    if isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be an integer, got {value!r}")
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise InvalidRequest(f"{name} must be an integer, got {value!r}")
-
-
-def _as_float(name: str, value) -> float:
-    if isinstance(value, bool):
-        raise InvalidRequest(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        raise InvalidRequest(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
-    return number
-
-
-def as_bool(name: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise InvalidRequest(f"{name} must be true or false, got {value!r}")
-
-
 def _as_stop(name: str, value) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -188,7 +143,7 @@ def _as_stop(name: str, value) -> list[str]:
 
 def _as_int_list(name: str, value) -> list[int]:
     if isinstance(value, (list, tuple)):
-        return [_as_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        return [as_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
     raise InvalidRequest(f"{name} must be a list of integers, got {value!r}")
 
 
@@ -196,28 +151,28 @@ def _as_logprobs(name: str, value) -> int | None:
     """An integer k (the top k alternatives too), or true/false for just the chosen token's logprob."""
     if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false")):
         return 0 if as_bool(name, value) else None
-    return _as_int(name, value)
+    return as_int(name, value)
 
 
 def _as_logit_bias(name: str, value) -> dict[int, float]:
     """{token id: bias}; JSON object keys are strings, so "50256" and 50256 both name token 50256."""
     if not isinstance(value, dict):
         raise InvalidRequest(f"{name} must be an object mapping token ids to biases, got {value!r}")
-    return {_as_int(f"{name} key", key): _as_float(f"{name}[{key}]", bias) for key, bias in value.items()}
+    return {as_int(f"{name} key", key): as_float(f"{name}[{key}]", bias) for key, bias in value.items()}
 
 
 _PARSERS = {
-    "n": _as_int,
-    "max_tokens": _as_int,
-    "min_tokens": _as_int,
-    "temperature": _as_float,
-    "top_p": _as_float,
-    "top_k": _as_int,
-    "min_p": _as_float,
-    "repetition_penalty": _as_float,
-    "presence_penalty": _as_float,
-    "frequency_penalty": _as_float,
-    "seed": _as_int,
+    "n": as_int,
+    "max_tokens": as_int,
+    "min_tokens": as_int,
+    "temperature": as_float,
+    "top_p": as_float,
+    "top_k": as_int,
+    "min_p": as_float,
+    "repetition_penalty": as_float,
+    "presence_penalty": as_float,
+    "frequency_penalty": as_float,
+    "seed": as_int,
     "stop": _as_stop,
     "stop_token_ids": _as_int_list,
     "ignore_eos": as_bool,
@@ -226,5 +181,5 @@ _PARSERS = {
     "logprobs": _as_logprobs,
     "prompt_logprobs": _as_logprobs,
     "logit_bias": _as_logit_bias,
-    "num_speculative_tokens": _as_int,
+    "num_speculative_tokens": as_int,
 }

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import kernels
-from .linear import DenseLinear, make_linear
-from .paged_attention import AttentionMetadata, paged_attention
-from .weight_blocks import Packed
+from backend.model import kernels
+from backend.model.linear import DenseLinear, make_linear
+from backend.model.paged_attention import AttentionMetadata, paged_attention
+from backend.model.weight_blocks import Packed
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 

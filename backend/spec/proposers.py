@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from .model_runner import ForwardItem, ModelRunner
-from .request import Sequence
-from .sampler import Sampler
+from backend.core.request import Sequence
+from backend.model.runner import ForwardItem, ModelRunner
+from backend.sampling.sampler import Sampler
 
 
 class Proposer:

@@ -14,7 +14,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 
-from .request import Sequence
+from backend.core.request import Sequence
 
 
 class Block:

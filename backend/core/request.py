@@ -10,8 +10,8 @@ from typing import Callable
 
 import torch
 
-from .detokenizer import IncrementalDetokenizer
-from .sampling_params import SamplingParams
+from backend.core.detokenizer import IncrementalDetokenizer
+from backend.protocol.sampling_params import SamplingParams
 
 
 class FinishReason(str, enum.Enum):

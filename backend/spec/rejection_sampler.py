@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampler import Sampler
+from backend.sampling.sampler import Sampler
 
 
 @dataclass

@@ -13,20 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from .sampling_params import InvalidRequest, SamplingParams, as_bool, resolve_aliases
-
-# Flat tensors that carry sampling parameters (besides sampling_parameters itself).
-SAMPLING_TENSORS = (
-    "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "seed", "n", "ignore_eos", "num_speculative_tokens",
+from backend.protocol.sampling_params import SamplingParams, resolve_aliases
+from backend.protocol.values import InvalidRequest, as_bool
+from backend.protocol.wire import (
+    FLAG_NAMES,
+    LIST_INPUTS,
+    OPTIONAL_OUTPUTS,
+    SAMPLING_JSON,
 )
-LIST_TENSORS = ("stop", "stop_words", "stop_token_ids", "input_ids")
-# Additional outputs, each sent only when its return_* flag is true (as Triton's vLLM backend does).
-OPTIONAL_OUTPUTS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens",
-                    "prompt_logprobs")
-FLAG_NAMES = ("stream", "exclude_input_in_output") + tuple(f"return_{name}" for name in OPTIONAL_OUTPUTS)
-INPUT_NAMES = ("text_input", "sampling_parameters") + SAMPLING_TENSORS + LIST_TENSORS + FLAG_NAMES
-
 
 # The JSON of `sampling_parameters` and of the request parameters is refused past this size before parsing.
 MAX_PARAMETERS_JSON_BYTES = 64 * 1024
@@ -107,14 +101,14 @@ def parse_request(
     merged.update(resolve_aliases(request_parameters))
     if embedded is not None:
         merged.update(resolve_aliases(_json_object("sampling_parameters", _text("sampling_parameters", embedded))))
-    if "sampling_parameters" in tensors:
-        text = _scalar("sampling_parameters", tensors["sampling_parameters"])
+    if SAMPLING_JSON in tensors:
+        text = _scalar(SAMPLING_JSON, tensors[SAMPLING_JSON])
         merged.update(resolve_aliases(_json_object("sampling_parameters", text)))
     flat = {}
     for name, array in tensors.items():
-        if name in LIST_TENSORS:
+        if name in LIST_INPUTS:
             flat[name] = _list(name, array)
-        elif name != "sampling_parameters":
+        elif name != SAMPLING_JSON:
             flat[name] = _scalar(name, array)
     merged.update(resolve_aliases(flat))
     prompt = _prompt(merged)

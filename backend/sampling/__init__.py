@@ -1,0 +1,1 @@
+"""Turning logits into tokens: the batched sampler and structured output (grammar masks, llguidance)."""
