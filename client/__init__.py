@@ -7,6 +7,7 @@ from client.api import (  # noqa: F401
     Completion,
     GrpcStream,
     ServerError,
+    __all__,  # noqa: F401
     build_inputs,
     chunk_from_outputs,
     collect_http,
@@ -17,4 +18,3 @@ from client.api import (  # noqa: F401
     stream_grpc,
     stream_http,
 )
-from client.api import __all__  # noqa: F401

@@ -9,7 +9,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from client.api import Chunk, Completion, ServerError, generate_http, stream_grpc, stream_http
 
@@ -23,7 +24,7 @@ def _unescape(text: str) -> str:
     return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt")
@@ -87,7 +88,7 @@ def chunks(args: argparse.Namespace, kwargs: dict[str, Any]) -> Iterator[Chunk]:
 
 
 def print_stats(c: Completion) -> None:
-    def ms(seconds: Optional[float]) -> str:
+    def ms(seconds: float | None) -> str:
         return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
 
     rate = c.tokens_per_s
@@ -105,7 +106,7 @@ def print_stats(c: Completion) -> None:
     print("\n".join(lines), file=sys.stderr)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     kwargs = request_kwargs(args)
     live = not args.n or args.n <= 1  # several samples are printed one after the other at the end

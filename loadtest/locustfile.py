@@ -59,7 +59,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from client.api import Chunk, Completion, GrpcStream, ServerError, generate_http, parse_sse, stream_http  # noqa: E402
-from client.api import _gevent_compat  # noqa: E402
+from client.api import gevent_compat  # noqa: E402
 from loadtest.workload import Workload  # noqa: E402
 
 log = logging.getLogger("llm-loadtest")
@@ -232,7 +232,7 @@ class GrpcStreamUser(_LLMUser):
 
     def call(self, prompt: str, params: dict) -> Completion:
         if self.client is None:
-            _gevent_compat()  # grpc on gevent before the first channel is made (GrpcStream does it too late)
+            gevent_compat()  # grpc on gevent before the first channel is made (GrpcStream does it too late)
             self.client = self._grpcclient.InferenceServerClient(self.grpc_url)
         stream = GrpcStream(prompt, self.grpc_url, self.options.model, stream=True, client=self.client,
                             timeout_s=self.options.request_timeout, **params)

@@ -9,6 +9,7 @@ tracked, and the prompt's logprobs (when asked for) once, in the first output af
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +26,18 @@ from backend.sampling.sampler import Sampler
 from backend.sampling.structured_output import advance
 
 
+@dataclass
+class SampleProgress:
+    """What has been emitted and sent of one sequence: the output side's bookkeeping, kept here."""
+
+    logprobs: list[dict] = field(default_factory=list)
+    cumulative_logprob: float = 0.0  # sum of the sampled tokens' logprobs, when tracked
+    num_sent_tokens: int = 0  # output tokens already in a stream's outputs
+    final_sent: bool = False
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+
 class OutputProcessor:
     def __init__(self, scheduler: Scheduler, sampler: Sampler, metrics: EngineMetrics, eos_token_ids: set[int],
                  max_model_len: int):
@@ -33,24 +46,32 @@ class OutputProcessor:
         self.metrics = metrics
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self._progress: dict[int, SampleProgress] = {}  # by seq_id, until its request's last output
+
+    def progress(self, seq: Sequence) -> SampleProgress:
+        progress = self._progress.get(seq.seq_id)
+        if progress is None:
+            progress = self._progress[seq.seq_id] = SampleProgress()
+        return progress
 
     def append(self, seq: Sequence, token_id: int, logits: torch.Tensor) -> bool:
         """Add a generated token and apply every stop rule; returns True if the sequence finished."""
         params = seq.params
+        progress = self.progress(seq)
         seq.token_ids.append(token_id)
         now = time.perf_counter()
-        if seq.first_token_time is None:
-            seq.first_token_time = now
+        if progress.first_token_time is None:
+            progress.first_token_time = now
             self.metrics.observe("llm_time_to_first_token_seconds", now - seq.request.arrival_time)
         else:
-            self.metrics.observe("llm_inter_token_latency_seconds", now - seq.last_token_time)
-        seq.last_token_time = now
+            self.metrics.observe("llm_inter_token_latency_seconds", now - progress.last_token_time)
+        progress.last_token_time = now
         self.metrics.inc("llm_generation_tokens_total")
         if _tracks_cumulative(seq):
             entry = self.sampler.logprobs(logits, token_id, params.logprobs or 0)
-            seq.cumulative_logprob += entry["logprob"]
+            progress.cumulative_logprob += entry["logprob"]
             if params.logprobs is not None:
-                seq.logprobs.append(entry)
+                progress.logprobs.append(entry)
         reason = None
         if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
             reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
@@ -77,19 +98,24 @@ class OutputProcessor:
         samples = []
         if request.stream:
             for seq in request.sequences:
-                new_ids = seq.output_token_ids[seq.num_sent_tokens :]
+                progress = self.progress(seq)
+                new_ids = seq.output_token_ids[progress.num_sent_tokens :]
                 text = seq.detokenizer.take_new_text(seq.is_finished)
-                if new_ids or text or (seq.is_finished and not seq.final_sent):
-                    samples.append(_sample_output(seq, text, new_ids, seq.logprobs[seq.num_sent_tokens :]))
-                    seq.final_sent = seq.is_finished
-                seq.num_sent_tokens = seq.num_output_tokens
+                if new_ids or text or (seq.is_finished and not progress.final_sent):
+                    samples.append(_sample_output(seq, progress, text, new_ids,
+                                                  progress.logprobs[progress.num_sent_tokens :]))
+                    progress.final_sent = seq.is_finished
+                progress.num_sent_tokens = seq.num_output_tokens
         elif finished:
             for seq in request.sequences:
+                progress = self.progress(seq)
                 text = seq.detokenizer.take_new_text(True)
-                samples.append(_sample_output(seq, text, seq.output_token_ids, seq.logprobs))
+                samples.append(_sample_output(seq, progress, text, seq.output_token_ids, progress.logprobs))
         if not samples and not finished:
             return None
         if finished:
+            for seq in request.sequences:
+                self._progress.pop(seq.seq_id, None)
             self.metrics.observe("llm_e2e_request_latency_seconds", time.perf_counter() - request.arrival_time)
             reason = request.sequences[0].finish_reason.value if request.sequences[0].finish_reason else "abort"
             self.metrics.inc("llm_requests_finished_total", labels={"finish_reason": reason})
@@ -103,7 +129,8 @@ class OutputProcessor:
         )
 
 
-def _sample_output(seq: Sequence, text: str, token_ids: list[int], logprobs: list[dict]) -> SampleOutput:
+def _sample_output(seq: Sequence, progress: SampleProgress, text: str, token_ids: list[int],
+                   logprobs: list[dict]) -> SampleOutput:
     return SampleOutput(
         sample_index=seq.sample_index,
         text=text,
@@ -111,7 +138,7 @@ def _sample_output(seq: Sequence, text: str, token_ids: list[int], logprobs: lis
         finish_reason=seq.finish_reason,
         num_output_tokens=seq.num_output_tokens,
         logprobs=list(logprobs) if seq.params.logprobs is not None else None,
-        cumulative_logprob=seq.cumulative_logprob if _tracks_cumulative(seq) else None,
+        cumulative_logprob=progress.cumulative_logprob if _tracks_cumulative(seq) else None,
     )
 
 

@@ -12,6 +12,7 @@ import torch
 
 from backend.core.detokenizer import IncrementalDetokenizer
 from backend.protocol.sampling_params import SamplingParams
+from backend.sampling.sampler import SamplingRow
 
 
 class FinishReason(str, enum.Enum):
@@ -50,13 +51,7 @@ class Sequence:
         self.spec_draft_probs = None  # their draft distributions [k, V], or None for a deterministic draft
         self.draft_num_computed = 0  # tokens whose KV the draft model holds
         self.matcher = None  # its own grammar state when the request constrains its output (structured_output.py)
-        self.logprobs: list[dict] = []
-        self.cumulative_logprob = 0.0  # sum of the sampled tokens' logprobs, when tracked (Request)
-        self.num_sent_tokens = 0
-        self.final_sent = False
         self.num_preemptions = 0
-        self.first_token_time: float | None = None
-        self.last_token_time: float | None = None
 
     @property
     def params(self) -> SamplingParams:
@@ -85,6 +80,11 @@ class Sequence:
     @property
     def in_prefill(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
+
+    def sampling_row(self, drafts: list[int] | None = None) -> SamplingRow:
+        """What the sampler needs to choose this sequence's next token (after `drafts`, when verifying them)."""
+        context = self.token_ids + drafts if drafts else self.token_ids
+        return SamplingRow(self.params, context, self.num_prompt_tokens, self.generator)
 
 
 @dataclass
@@ -144,8 +144,6 @@ class Request:
     arrival_time: float = field(default_factory=time.perf_counter)
     base_seed: int = 0  # seeds the samples' generators when params.seed is None
     sequences: list[Sequence] = field(default_factory=list)
-    unforked: list[Sequence] = field(default_factory=list)  # parallel samples waiting for the prompt's KV
-    slots_reserved: bool = False  # the scheduler holds sequence slots for `unforked`
     error: str | None = None
     cancelled: bool = False  # the client cancelled: set by whoever watches it, read by the engine each step
     grammar: Future | None = None  # its output constraint, compiling off the engine thread (structured_output.py)

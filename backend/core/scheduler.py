@@ -48,10 +48,17 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.reserved_slots = 0  # sequence slots promised to parallel samples not yet forked
         self.num_preemptions = 0
+        # a request's parallel samples wait here, by their first sequence, until its prompt is computed; the
+        # slots they will take are reserved from its admission (`_reserved`: slots held, by first sequence)
+        self._unforked: dict[int, list[Sequence]] = {}
+        self._reserved: dict[int, int] = {}
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, parallel: list[Sequence] = ()) -> None:
+        """Queue a request's first sequence; `parallel`: its other samples, forked from it once its prompt is in."""
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        if parallel:
+            self._unforked[seq.seq_id] = list(parallel)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -94,7 +101,7 @@ class Scheduler:
             if budget <= 0:
                 break
             request = seq.request
-            extra = len(request.unforked) if request.unforked and not request.slots_reserved else 0
+            extra = len(self._unforked.get(seq.seq_id, ())) if seq.seq_id not in self._reserved else 0
             if len(self.running) + self.reserved_slots + 1 + extra > self.max_num_seqs:
                 break
             # prompt logprobs need every prompt position's logits: such a prompt is computed whole, not read
@@ -110,7 +117,7 @@ class Scheduler:
             self.running.append(seq)
             if extra:
                 self.reserved_slots += extra
-                request.slots_reserved = True
+                self._reserved[seq.seq_id] = extra
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
 
@@ -123,18 +130,21 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def take_unforked(self, seq: Sequence) -> list[Sequence]:
+        """The parallel samples waiting for `seq`'s prompt (none once taken), their reserved slots released."""
+        self.reserved_slots -= self._reserved.pop(seq.seq_id, 0)
+        return self._unforked.pop(seq.seq_id, [])
+
     def add_forked(self, children: list[Sequence]) -> None:
         """Parallel samples that now share their parent's blocks join the running batch."""
         for child in children:
             child.status = SequenceStatus.RUNNING
             self.running.append(child)
-        self.release_reservation(children[0].request)
 
     def release_reservation(self, request) -> None:
-        if request.slots_reserved:
-            self.reserved_slots -= len(request.unforked)
-            request.slots_reserved = False
-        request.unforked = []
+        """Forget the parallel samples a request will no longer fork (it was aborted)."""
+        if request.sequences:
+            self.take_unforked(request.sequences[0])
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence wherever it is and free its blocks."""

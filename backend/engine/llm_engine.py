@@ -189,9 +189,8 @@ class LLMEngine:
             ))
             for i in range(params.n)
         ]
-        request.unforked = request.sequences[1:]
         self.requests[request.request_id] = request
-        self.scheduler.add(request.sequences[0])
+        self.scheduler.add(request.sequences[0], parallel=request.sequences[1:])
         self.metrics.inc("llm_prompt_tokens_total", len(request.prompt_token_ids))
 
     def has_work(self) -> bool:
@@ -264,18 +263,21 @@ class LLMEngine:
         if any(prompt_rows):
             logits = self._take_prompt_logprobs(sched.scheduled, prompt_rows, logits)
         self.structured.mask_logits(sched.scheduled, logits)
-        row = 0
+        verifying, sampling, row = [], [], 0
         for s in sched.scheduled:
             seq = s.seq
             if s.num_spec_tokens:
-                self.spec.verify(s, logits[row : row + s.num_spec_tokens + 1])
+                verifying.append((s, logits[row : row + s.num_spec_tokens + 1]))
                 row += s.num_spec_tokens + 1
                 continue
             seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit(seq)
             if s.samples:
-                self._sample(s, logits[row])
+                sampling += [(member, row) for member in self._family(seq)]
                 row += 1
+        if verifying:
+            self.spec.verify(verifying)
+        self._sample(sampling, logits)
 
     def _take_prompt_logprobs(self, scheduled: list[ScheduledSeq], prompt_rows: list[int],
                               logits: torch.Tensor) -> torch.Tensor:
@@ -296,20 +298,30 @@ class LLMEngine:
             row += num_sampled
         return logits[keep]
 
-    def _sample(self, s: ScheduledSeq, logits: torch.Tensor) -> None:
-        seq = s.seq
-        family = [seq]
-        if seq.request.unforked and seq.sample_index == 0:  # the prompt is in: parallel samples share it
-            children = seq.request.unforked
-            for child in children:
-                self.block_manager.fork(seq, child)
-            self.scheduler.add_forked(children)
-            family += children
-        for member in family:
-            if member.params.max_tokens == 0:  # the prompt scored (prompt_logprobs), nothing generated
-                self.outputs.finish(member, FinishReason.LENGTH)
-            else:
-                self.outputs.append(member, self.sampler.sample(logits, member), logits)
+    def _family(self, seq: Sequence) -> list[Sequence]:
+        """The sequences that sample from `seq`'s logits row: itself, and once its prompt is in, the parallel
+        samples that now share its blocks."""
+        children = self.scheduler.take_unforked(seq)
+        for child in children:
+            self.block_manager.fork(seq, child)
+        self.scheduler.add_forked(children)
+        return [seq] + children
+
+    def _sample(self, sampling: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+        """A token for every (sequence, logits row) of the step, sampled as one batch."""
+        sampling = [(seq, row) for seq, row in sampling if not self._scored_only(seq)]
+        if not sampling:
+            return
+        rows = [row for _, row in sampling]
+        tokens = self.sampler.sample(logits[rows], [seq.sampling_row() for seq, _ in sampling])
+        for (seq, row), token in zip(sampling, tokens):
+            self.outputs.append(seq, token, logits[row])
+
+    def _scored_only(self, seq: Sequence) -> bool:
+        """A prompt scored for its prompt_logprobs with max_tokens 0 finishes without a token."""
+        if seq.params.max_tokens == 0:
+            self.outputs.finish(seq, FinishReason.LENGTH)
+        return seq.params.max_tokens == 0
 
     # ---- outputs and statistics -----------------------------------------------------------------------
     def _collect(self, request: Request) -> RequestOutput | None:

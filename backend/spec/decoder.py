@@ -64,17 +64,33 @@ class SpeculativeDecoder:
             s.num_new_tokens -= unused
             s.num_spec_tokens -= unused
 
-    def verify(self, s: ScheduledSeq, logits: torch.Tensor) -> None:
-        """Accept a prefix of the draft, roll the KV back past it, and append the emitted tokens."""
+    def verify(self, verifying: list[tuple[ScheduledSeq, torch.Tensor]]) -> None:
+        """For each (speculating sequence, its logits [k + 1, V]): accept a prefix of the draft, roll the KV back
+        past it, and append the emitted tokens. The k + 1 rows of every sequence are processed as one batch."""
+        rows = [s.seq.sampling_row(s.seq.spec_token_ids[:i]) for s, _ in verifying
+                for i in range(len(s.seq.spec_token_ids) + 1)]
+        processed = self.sampler.process_logits(torch.cat([logits for _, logits in verifying]), rows)
+        sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
+        probs = self.sampler.probs(processed[sampled], [rows[i] for i in sampled]) if sampled else None
+        first = 0
+        for s, logits in verifying:
+            count = len(s.seq.spec_token_ids) + 1
+            target = processed[first : first + count]
+            if not s.seq.params.greedy:
+                start = sampled.index(first)
+                target = probs[start : start + count]
+            self._accept(s, logits, target)
+            first += count
+
+    def _accept(self, s: ScheduledSeq, logits: torch.Tensor, target: torch.Tensor) -> None:
+        """`target`: the processed logits (greedy) or the distributions (sampled) of the k + 1 positions."""
         seq = s.seq
         drafts = seq.spec_token_ids
         num_tokens = seq.num_tokens
-        rows = [self.sampler.process_logits(logits[i], seq, seq.token_ids + drafts[:i]) for i in range(len(drafts) + 1)]
         if seq.params.greedy:
-            result = verify_greedy([int(torch.argmax(r)) for r in rows], drafts)
+            result = verify_greedy(torch.argmax(target, dim=-1).tolist(), drafts)
         else:
-            target_probs = torch.stack([self.sampler.probs(r, seq) for r in rows])
-            result = verify_sampled(target_probs, drafts, seq.spec_draft_probs, seq.generator)
+            result = verify_sampled(target, drafts, seq.spec_draft_probs, seq.generator)
         s.num_accepted = result.num_accepted
         if self.policy is not None:
             self.policy.observe(seq, len(drafts), result.num_accepted)

@@ -62,18 +62,19 @@ class DraftModelProposer(Proposer):
             for seq, _ in active
         ]
         while active:
-            logits = self.runner.forward(items)
+            rows = [seq.sampling_row(seq.spec_token_ids) for seq, _ in active]
+            logits = self.sampler.process_logits(self.runner.forward(items)[:, : self.sampler.vocab_size], rows)
+            sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
+            tokens = torch.argmax(logits, dim=-1).tolist()
+            if sampled:
+                q = self.sampler.probs(logits[sampled], [rows[i] for i in sampled])
+                for i, row_q, token in zip(sampled, q, self.sampler.draw_rows(q, [rows[i] for i in sampled])):
+                    active[i][0].spec_draft_probs.append(row_q)
+                    tokens[i] = token
             still, items = [], []
-            for (seq, k), row in zip(active, logits):
-                context = seq.token_ids + seq.spec_token_ids
+            for (seq, k), row, token in zip(active, rows, tokens):
+                context = row.context
                 seq.draft_num_computed = len(context)  # the draft's KV now covers every token so far
-                row = self.sampler.process_logits(row[: self.sampler.vocab_size], seq, context)
-                if seq.params.greedy:
-                    token = int(torch.argmax(row))
-                else:
-                    q = self.sampler.probs(row, seq)
-                    token = Sampler.draw(q, seq.generator)
-                    seq.spec_draft_probs.append(q)
                 seq.spec_token_ids.append(token)
                 if len(seq.spec_token_ids) < k:
                     still.append((seq, k))

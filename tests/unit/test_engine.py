@@ -1,4 +1,4 @@
-"""backend/engine.py end to end on a tiny random Llama (real SmolLM2 tokenizer): greedy outputs equal Hugging
+"""backend/engine/llm_engine.py end to end on a tiny random Llama (real SmolLM2 tokenizer): greedy outputs equal Hugging
 Face `generate` under chunked prefill, batching, preemption and prefix caching; streaming, parallel seeded
 samples, stop rules, cancellation, request validation and block accounting."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from backend import EngineConfig, InvalidRequest, LLMEngine, SamplingParams
-from backend.fault_injection import InjectedFault
-from backend.request import FinishReason
+from backend.core.fault_injection import InjectedFault
+from backend.core.request import FinishReason
 
 MAX_STEPS = 3000
 
@@ -72,6 +72,8 @@ def check_pool_empty(engine: LLMEngine):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert not engine.scheduler.running and not engine.scheduler.waiting
     assert engine.scheduler.reserved_slots == 0
+    assert not engine.scheduler._unforked and not engine.scheduler._reserved  # no parallel samples left behind
+    assert not engine.outputs._progress  # no finished sequence's output bookkeeping left behind
 
 
 # ------------------------------------------------------------------------------------------ correctness
@@ -519,7 +521,7 @@ def test_speculation_with_parallel_samples_when_the_last_prompt_chunk_is_one_tok
 
 def test_threads_follow_the_step_size(make_engine, monkeypatch):
     """`num_threads: 0`: a step of one sequence runs on the single-sequence thread count, a larger one on the
-    batch count (backend/hardware.py serving_threads); the thread count a step used is recorded per call."""
+    batch count (backend/model/hardware.py serving_threads); the thread count a step used is recorded per call."""
     import torch
 
     engine = make_engine()

@@ -1,4 +1,4 @@
-"""backend/sampler.py: penalties and min_tokens on the logits; temperature, top-k, top-p, min-p on the
+"""backend/sampling/sampler.py: penalties and min_tokens on the logits; temperature, top-k, top-p, min-p on the
 distribution; seeded per-sequence draws; logprobs."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from backend.request import Request, Sequence
-from backend.sampler import Sampler
-from backend.sampling_params import SamplingParams
+from backend.core.request import Request, Sequence
+from backend.sampling.sampler import Sampler, SamplingRow
+from backend.protocol.sampling_params import SamplingParams
 
 EOS = 2
 VOCAB = 8
@@ -23,9 +23,26 @@ def seq_with(prompt=(0, 1), output=(), **params) -> Sequence:
     return seq
 
 
+class OneRow:
+    """The batched sampler asked about one sequence at a time (a batch of one row), as these tests read it."""
+
+    def __init__(self, sampler: Sampler):
+        self.batched = sampler
+
+    def sample(self, logits, seq):
+        return self.batched.sample(logits[None], [seq.sampling_row()])[0]
+
+    def probs(self, logits, seq):
+        return self.batched.probs(logits[None], [seq.sampling_row()])[0]
+
+    def process_logits(self, logits, seq, context):
+        row = SamplingRow(seq.params, list(context), seq.num_prompt_tokens, seq.generator)
+        return self.batched.process_logits(logits[None], [row])[0]
+
+
 @pytest.fixture
 def sampler():
-    return Sampler(VOCAB, {EOS})
+    return OneRow(Sampler(VOCAB, {EOS}))
 
 
 def logits_of(probs) -> torch.Tensor:
@@ -248,7 +265,7 @@ def test_samples_of_one_request_draw_differently():
     request = Request("r", "", [0, 1], SamplingParams(seed=5))
     a, b = Sequence(request, 0, None), Sequence(request, 1, None)
     assert request.seed_for(0) != request.seed_for(1)
-    sampler = Sampler(VOCAB, {EOS})
+    sampler = OneRow(Sampler(VOCAB, {EOS}))
     logits = torch.zeros(VOCAB)
     assert [sampler.sample(logits, a) for _ in range(20)] != [sampler.sample(logits, b) for _ in range(20)]
 
@@ -275,3 +292,43 @@ def test_logprobs(sampler):
     assert all(isinstance(k, int) and isinstance(v, float) for k, v in entry["top_logprobs"].items())
     assert "top_logprobs" not in Sampler.logprobs(logits, 1, 0)
     assert math.isclose(sum(math.exp(v) for v in torch.log_softmax(logits, -1).tolist()), 1.0, rel_tol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------- batches
+
+MIXED_ROWS = [
+    dict(temperature=0.0),
+    dict(temperature=0.8, top_k=3, seed=1),
+    dict(temperature=1.2, top_p=0.6, seed=2),
+    dict(temperature=1.0, min_p=0.3, seed=3),
+    dict(temperature=0.0, repetition_penalty=1.5),
+    dict(temperature=0.7, presence_penalty=0.5, frequency_penalty=0.25, seed=4),
+    dict(temperature=1.0, logit_bias={3: 5.0, 5: -100.0}, seed=5),
+    dict(temperature=1.0, top_k=4, top_p=0.8, min_p=0.1, min_tokens=5, stop_token_ids=[6], seed=6),
+    dict(temperature=0.0, min_tokens=4, logit_bias={2: 100.0}),
+]
+
+
+def test_a_batch_samples_each_row_as_if_alone():
+    """The whole batch in one call: every row's processed logits, distribution and token (its seeded draws
+    included) equal that row's in a batch of one, whatever its neighbours ask for."""
+    sampler = Sampler(VOCAB, {EOS})
+    logits = torch.randn(len(MIXED_ROWS), VOCAB, generator=torch.Generator().manual_seed(9)) * 2
+
+    def row_of(i, params):
+        return seq_with(prompt=(0, 1, 4), output=(4, 2), **params).sampling_row()
+
+    batch = [row_of(i, p) for i, p in enumerate(MIXED_ROWS)]
+    alone = [row_of(i, p) for i, p in enumerate(MIXED_ROWS)]
+    processed = sampler.process_logits(logits, batch)
+    sampled = [i for i, p in enumerate(MIXED_ROWS) if p["temperature"] > 0]
+    probs = sampler.probs(processed[sampled], [batch[i] for i in sampled])
+    for i, row in enumerate(alone):
+        assert torch.equal(processed[i], sampler.process_logits(logits[i : i + 1], [row])[0]), MIXED_ROWS[i]
+    for j, i in enumerate(sampled):
+        assert torch.equal(probs[j], sampler.probs(processed[i : i + 1], [alone[i]])[0]), MIXED_ROWS[i]
+    batch = [row_of(i, p) for i, p in enumerate(MIXED_ROWS)]  # fresh generators: the same seeds again
+    alone = [row_of(i, p) for i, p in enumerate(MIXED_ROWS)]
+    for _ in range(5):
+        tokens = sampler.sample(logits, batch)
+        assert tokens == [sampler.sample(logits[i : i + 1], [alone[i]])[0] for i in range(len(alone))]

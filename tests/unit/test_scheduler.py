@@ -1,4 +1,4 @@
-"""backend/scheduler.py: iteration-level scheduling under a token budget and a sequence cap, chunked prefill,
+"""backend/core/scheduler.py: iteration-level scheduling under a token budget and a sequence cap, chunked prefill,
 decodes first, preemption of the most recently admitted sequences when blocks run out."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.block_manager import BlockManager
-from backend.request import Request, Sequence, SequenceStatus
-from backend.sampling_params import SamplingParams
-from backend.scheduler import ScheduledSeq, Scheduler
+from backend.core.block_manager import BlockManager
+from backend.core.request import Request, Sequence, SequenceStatus
+from backend.protocol.sampling_params import SamplingParams
+from backend.core.scheduler import ScheduledSeq, Scheduler
 
 SIZE = 4
 
@@ -18,7 +18,6 @@ def new_seq(num_tokens: int, request_id: str, start: int = 0, n: int = 1) -> Seq
     request = Request(request_id, "", list(range(start, start + num_tokens)), SamplingParams(n=n))
     seqs = [Sequence(request, i, detokenizer=None) for i in range(n)]
     request.sequences = seqs
-    request.unforked = seqs[1:]
     return seqs[0]
 
 
@@ -201,7 +200,7 @@ def test_max_num_seqs():
 def test_parallel_samples_reserve_sequence_slots():
     sched, bm = make(budget=100, max_num_seqs=4)
     parent = new_seq(5, "p", n=3)
-    sched.add(parent)
+    sched.add(parent, parallel=parent.request.sequences[1:])
     other = new_seq(5, "q", start=50)
     other2 = new_seq(5, "s", start=90)
     sched.add(other)
@@ -209,15 +208,16 @@ def test_parallel_samples_reserve_sequence_slots():
     out = sched.schedule()
     # p holds 3 slots (itself + 2 unforked), q the 4th; s has to wait
     assert names(out) == [("p", 5), ("q", 5)]
-    assert sched.reserved_slots == 2 and parent.request.slots_reserved
+    assert sched.reserved_slots == 2
     run(sched, out)
-    children = parent.request.unforked
+    children = sched.take_unforked(parent)
+    assert children == parent.request.sequences[1:]
     for child in children:
         bm.fork(parent, child)
     sched.add_forked(children)
     for child in children:
         child.token_ids.append(8)  # the engine samples the children right after forking
-    assert sched.reserved_slots == 0 and parent.request.unforked == [] and not parent.request.slots_reserved
+    assert sched.reserved_slots == 0 and sched.take_unforked(parent) == []
     assert len(sched.running) == 4 and all(c.status == SequenceStatus.RUNNING for c in children)
     out = sched.schedule()
     assert len(out.scheduled) == 4 and other2 in sched.waiting
