@@ -22,7 +22,7 @@ from client import (
     stream_http,
 )
 from client.__main__ import parse_args, request_kwargs
-from client.api import _error_text
+from client.http_generate import _error_text
 
 
 # ---------------------------------------------------------------------------------------------- SSE parsing
