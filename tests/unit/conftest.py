@@ -134,3 +134,26 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def make_engine(tiny_llama):
+    """config overrides -> an engine on the tiny model, one per distinct config, cleaned up between tests."""
+    engines: dict = {}
+
+    from backend import EngineConfig, LLMEngine
+
+    def get(**overrides) -> LLMEngine:
+        settings = dict(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256, max_num_batched_tokens=64,
+                        max_num_seqs=16, seed=1234)
+        settings.update(overrides)
+        key = tuple(sorted(settings.items()))
+        if key not in engines:
+            engines[key] = LLMEngine(EngineConfig(**settings))
+        engine = engines[key]
+        for request_id in list(engine.requests):  # leftovers of a failed test
+            engine.abort(request_id)
+        assert not engine.has_work()
+        return engine
+
+    return get

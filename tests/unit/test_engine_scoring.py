@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
-from backend.sampling_params import InvalidRequest, SamplingParams
-from test_engine import PROMPTS, check_pool_empty, final, greedy, make_engine, run  # noqa: F401 (fixture)
+from backend.protocol.sampling_params import SamplingParams
+from backend.protocol.values import InvalidRequest
 
 
 def hf_prompt_logprobs(model, prompt_ids: list[int]) -> list[float]:
