@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from backend import kernels
-from backend.hardware import resolve_for_model
+from backend.model import kernels
+from backend.model.hardware import resolve_for_model
 from benchmarks.fidelity import HFReference, summarize
 from client import collect_http, stream_grpc
 from conftest import MODEL_DIR

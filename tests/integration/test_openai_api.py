@@ -15,7 +15,7 @@ import openai
 import pytest
 import torch
 
-from backend.hardware import resolve_for_model
+from backend.model.hardware import resolve_for_model
 from benchmarks.fidelity import HFReference, summarize
 from conftest import MODEL_DIR
 from llm_testlib import MIXED_CASES, post, raise_first_error, run_concurrently, sse_events

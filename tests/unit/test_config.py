@@ -1,4 +1,4 @@
-"""backend/config.py: EngineConfig.from_parameters parses Triton's string parameters and validates them; every
+"""backend/core/config.py: EngineConfig.from_parameters parses Triton's string parameters and validates them; every
 error is a ConfigError that names the parameter."""
 import dataclasses
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.config import ConfigError, EngineConfig
+from backend.core.config import ConfigError, EngineConfig
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""backend/detokenizer.py: incremental detokenization with the real SmolLM2 tokenizer (multi-byte characters
+"""backend/core/detokenizer.py: incremental detokenization with the real SmolLM2 tokenizer (multi-byte characters
 split across tokens), and stop strings (cut, held back while undecided, never leaked to a stream)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.detokenizer import IncrementalDetokenizer
+from backend.core.detokenizer import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 

@@ -1,4 +1,4 @@
-"""backend/engine_loop.py: the engine on its own thread: outputs through on_output from the engine thread,
+"""backend/engine/loop.py: the engine on its own thread: outputs through on_output from the engine thread,
 ServerBusy past max_queue_size, per-request errors, failing callbacks, and shutdown."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from backend import EngineConfig, EngineLoop, EngineStopped, LLMEngine, SamplingParams, ServerBusy
-from backend.request import FinishReason
+from backend.core.request import FinishReason
 
 WAIT_S = 60
 

@@ -1,9 +1,9 @@
-"""backend/fault_injection.py: the test-only `fault_injection` setting parses kind:marker items and fires only
+"""backend/core/fault_injection.py: the test-only `fault_injection` setting parses kind:marker items and fires only
 for prompts that carry a marker."""
 import pytest
 
-from backend.config import ConfigError
-from backend.fault_injection import FaultInjector, InjectedFault
+from backend.core.config import ConfigError
+from backend.core.fault_injection import FaultInjector, InjectedFault
 
 
 def test_off_by_default():

@@ -1,12 +1,12 @@
-"""backend/fused_llama.py: the Llama-family fast path computes what the generic path (Hugging Face's own
+"""backend/model/fused_llama.py: the Llama-family fast path computes what the generic path (Hugging Face's own
 modules with our paged attention) computes, on a ragged batch of chunked prefills and decodes."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backend import fused_llama
-from backend.model_runner import ForwardItem, ModelRunner
+from backend.model import fused_llama
+from backend.model.runner import ForwardItem, ModelRunner
 from test_model_runner import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 
@@ -74,7 +74,7 @@ def test_supports_rejects_what_it_does_not_compute():
 def test_q8_0_runner_computes_its_own_grid_exactly(tiny_llama):
     """quantization q8_0: the low-bit kernel (small steps) and the dense fallback (the 18-token chunk) both
     compute the re-quantized model, which the generic path computes from the same de-quantized weights."""
-    from backend.weight_blocks import quantize_q8_0
+    from backend.model.weight_blocks import quantize_q8_0
 
     quantized = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
     assert quantized.kernel.endswith("low-bit kernel for 9 of 9 layers")

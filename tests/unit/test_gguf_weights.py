@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.gguf_weights import find_gguf, hf_name, verified_blocks
+from backend.model.gguf_weights import find_gguf, hf_name, verified_blocks
 from conftest import SMOL_DIR
 
 
@@ -49,7 +49,7 @@ def test_a_changed_weight_is_not_served_from_the_blocks(smol):
 
 
 def test_the_packed_cache_returns_what_it_stored(smol, tmp_path, monkeypatch):
-    from backend.gguf_weights import verified_packed
+    from backend.model.gguf_weights import verified_packed
 
     monkeypatch.setenv("LLM_WEIGHT_CACHE", str(tmp_path))
     first, why = verified_packed(SMOL_DIR, smol)

@@ -1,7 +1,7 @@
-"""backend/hardware.py: `dtype: auto` and quantization resolve by what the hardware computes natively."""
+"""backend/model/hardware.py: `dtype: auto` and quantization resolve by what the hardware computes natively."""
 import pytest
 
-from backend.hardware import native_bf16, resolve_dtype, resolve_weights
+from backend.model.hardware import native_bf16, resolve_dtype, resolve_weights
 
 AVX2 = {"avx2", "fma", "f16c"}
 AVX512_BF16 = AVX2 | {"avx512f", "avx512_bf16"}
@@ -60,7 +60,7 @@ def test_fp32_kinds_refuse_a_bf16_dtype():
 def test_serving_threads_leave_a_core_to_the_server_except_for_one_sequence():
     import os
 
-    from backend.hardware import serving_threads
+    from backend.model.hardware import serving_threads
 
     cores = len(os.sched_getaffinity(0))
     assert serving_threads(single_sequence=True) == cores

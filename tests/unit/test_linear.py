@@ -1,10 +1,10 @@
-"""backend/linear.py: fused dense projections, and the weight-only 4-/8-bit kinds against dense arithmetic."""
+"""backend/model/linear.py: fused dense projections, and the weight-only 4-/8-bit kinds against dense arithmetic."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backend.linear import GROUP_SIZE, DenseLinear, Int4Linear, Int8Linear, make_linear
+from backend.model.linear import GROUP_SIZE, DenseLinear, Int4Linear, Int8Linear, make_linear
 
 
 def q4_1_weight(out_features: int, in_features: int, seed: int = 0) -> torch.Tensor:

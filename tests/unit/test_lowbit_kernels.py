@@ -1,13 +1,13 @@
-"""The C++ low-bit kernels (backend/kernels/lowbit.cpp) against the dense fp32 matmul on the same
+"""The C++ low-bit kernels (backend/model/kernels/lowbit.cpp) against the dense fp32 matmul on the same
 de-quantized weights: every instruction set this CPU runs, M = 1..64, odd widths, both block formats."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backend import kernels
-from backend.linear import DenseLinear, LowBitLinear, make_linear
-from backend.weight_blocks import FORMATS, Blocks, quantize_q8_0
+from backend.model import kernels
+from backend.model.linear import DenseLinear, LowBitLinear, make_linear
+from backend.model.weight_blocks import FORMATS, Blocks, quantize_q8_0
 
 # Relative to the output's scale: fp32 sums of up to a few thousand products in another order.
 TOLERANCE = 2e-6

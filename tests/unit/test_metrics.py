@@ -1,9 +1,9 @@
-"""backend/metrics.py: in-process engine metrics and their mirror into Triton metric families (faked here)."""
+"""backend/core/metrics.py: in-process engine metrics and their mirror into Triton metric families (faked here)."""
 from __future__ import annotations
 
 import pytest
 
-from backend.metrics import COUNTERS, GAUGES, HISTOGRAMS, EngineMetrics, PeriodicPublisher, TritonMetricsSink
+from backend.core.metrics import COUNTERS, GAUGES, HISTOGRAMS, EngineMetrics, PeriodicPublisher, TritonMetricsSink
 
 
 class RecordingSink:

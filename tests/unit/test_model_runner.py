@@ -1,4 +1,4 @@
-"""backend/model_runner.py + paged_attention.py: one ragged forward pass over a paged KV cache gives the same
+"""backend/model/runner.py + paged_attention.py: one ragged forward pass over a paged KV cache gives the same
 tokens and logits as Hugging Face, for tiny random models of several architectures."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from backend.model_runner import ForwardItem, ModelRunner, ModelShape
+from backend.model.runner import ForwardItem, ModelRunner, ModelShape
 
 FAMILIES = ["llama", "qwen2", "mistral", "gpt2"]
 BLOCK = 4

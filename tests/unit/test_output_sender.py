@@ -1,13 +1,13 @@
-"""backend/output_sender.py: outputs delivered off the engine thread, merged per stream, cancellation noticed
+"""backend/engine/output_sender.py: outputs delivered off the engine thread, merged per stream, cancellation noticed
 by the periodic sweep, a failing client cut off after its first failure."""
 from __future__ import annotations
 
 import threading
 import time
 
-from backend.output_sender import OutputSender, merge_outputs
-from backend.request import FinishReason, Request, RequestOutput, SampleOutput
-from backend.sampling_params import SamplingParams
+from backend.engine.output_sender import OutputSender, merge_outputs
+from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
+from backend.protocol.sampling_params import SamplingParams
 
 WAIT_S = 10
 

@@ -1,7 +1,7 @@
 """Draft proposers: n-gram lookup rules and the draft model's agreement with the target."""
 import pytest
 
-from backend.proposers import NgramProposer
+from backend.spec.proposers import NgramProposer
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from backend.rejection_sampler import verify_greedy, verify_sampled
+from backend.spec.rejection_sampler import verify_greedy, verify_sampled
 
 VOCAB = 8
 

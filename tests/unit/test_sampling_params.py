@@ -1,4 +1,4 @@
-"""backend/sampling_params.py: loosely typed client values become a validated SamplingParams; every bad
+"""backend/protocol/sampling_params.py: loosely typed client values become a validated SamplingParams; every bad
 value raises InvalidRequest with a message naming the field."""
 import math
 
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.sampling_params import InvalidRequest, SamplingParams
+from backend.protocol.sampling_params import SamplingParams
+from backend.protocol.values import InvalidRequest
 
 
 def test_defaults():

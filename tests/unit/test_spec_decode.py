@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend import EngineConfig, LLMEngine, SamplingParams
-from backend.proposers import Proposer
+from backend.spec.proposers import Proposer
 
 SMOL_DIR = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct"
 

@@ -1,4 +1,4 @@
-"""backend/spec_policy.py: the adaptive draft length per sequence (grows on acceptance, shrinks and turns off on
+"""backend/spec/policy.py: the adaptive draft length per sequence (grows on acceptance, shrinks and turns off on
 rejection, re-probes), as SpeculativeDecoder applies it under the request's own k, the remaining output and the
 batch rule; and its engine parameters."""
 import json
@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.config import ConfigError, EngineConfig
-from backend.spec_decode import SpeculativeDecoder
-from backend.spec_policy import INITIAL_K, AdaptivePolicy
+from backend.core.config import ConfigError, EngineConfig
+from backend.spec.decoder import SpeculativeDecoder
+from backend.spec.policy import INITIAL_K, AdaptivePolicy
 
 
 class FakeSeq:
