@@ -4,15 +4,36 @@ CI by skipping; outside CI such tests skip and say what to build."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# What the suites need from the set-up (`make test` builds each first), with the target that builds it.
+REQUIRED_SET_UP = {
+    REPO_ROOT / "models" / "smollm2-135m-instruct" / "config.json": "make model",
+    REPO_ROOT / ".triton" / "backends" / "python" / "triton_python_backend_stub": "make triton",
+}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+def pytest_sessionstart(session):
+    """Under CI a missing part of the set-up ends the run at once, with one message saying what to build."""
+    missing = [f"{path.relative_to(REPO_ROOT)} (built by `{target}`)"
+               for path, target in REQUIRED_SET_UP.items() if not path.exists()]
+    if missing and in_ci():
+        pytest.exit("CI=true and the set-up is incomplete, so the suite cannot run: missing " + "; ".join(missing),
+                    returncode=3)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and os.environ.get("CI", "").lower() in ("true", "1") and not hasattr(report, "wasxfail"):
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
         why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true (the full set-up is required): {why}"
