@@ -8,10 +8,11 @@
 #   make serve    run tritonserver and the OpenAI front door in the foreground (HTTP_PORT=8000 GRPC_PORT=8001
 #                 METRICS_PORT=8002 OPENAI_PORT=9000; API_KEY=... makes the front door require it); one Ctrl-C
 #                 stops both
-#   make test     .venv/bin/python -m pytest tests $(PYTEST_ARGS)   (after make browser)
+#   make test     make lint, then .venv/bin/python -m pytest tests $(PYTEST_ARGS)   (after make browser)
+#   make lint     ruff check, ruff format --check, lint-imports (the import contracts in pyproject.toml)
 #   make lm-eval  lm-eval in process vs. through a running front door (own .venv-lmeval; LM_EVAL_ARGS=...)
 #   make browser  Debian's chromium for the web page's browser test, when missing and apt-get can run
-#   make serve-replicas  N=2 replicas behind Debian's HAProxy on OPENAI_PORT (scripts/serve_replicas.py)
+#   make serve-replicas  N=2 replicas behind Debian's HAProxy on OPENAI_PORT (llm-serve-replicas)
 #   make deploy-check    render, validate and lint deploy/ (Kubernetes manifests; also part of make test)
 #   make clean    remove .venv, .triton and .cache (keeps models/);  make clean-all also removes models/
 #
@@ -46,7 +47,7 @@ SHELL := /bin/bash
 .DELETE_ON_ERROR:
 .DEFAULT_GOAL := help
 
-.PHONY: help venv model triton kernels weights setup serve test browser clean clean-all
+.PHONY: help venv model triton kernels weights setup serve test lint browser clean clean-all
 
 help:
 	@sed -n '2,/^$$/p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
@@ -57,32 +58,34 @@ triton: $(TRITON_STAMP)
 kernels: $(KERNEL_STAMP)
 setup: venv model triton kernels weights
 
-# Re-runs (and re-installs) whenever requirements.txt changes.
-$(VENV_STAMP): requirements.txt
+# Re-runs (and re-installs) whenever requirements.txt or pyproject.toml changes. The project itself goes in
+# editable (its console scripts llm-serve, llm-client, ... in $(VENV)/bin; the packages importable anywhere).
+$(VENV_STAMP): requirements.txt pyproject.toml
 	@test -x "$(PYTHON)" || { echo "error: $(PYTHON) not found (Debian: apt-get install python3.11-venv libpython3.11)" >&2; exit 1; }
 	@if [ -f $(VENV)/pyvenv.cfg ] && ! grep -qx "home = $$(dirname $(PYTHON))" $(VENV)/pyvenv.cfg; then \
 	  echo "$(VENV) was not built from $(PYTHON); recreating it"; rm -rf $(VENV); fi
 	test -x "$(VENV_PY)" || $(PYTHON) -m venv $(VENV)
 	$(VENV_PY) -m pip install --require-hashes --no-deps -r requirements.txt
+	$(VENV_PY) -m pip install --quiet --no-deps --no-build-isolation --editable .
 	touch $@
 
-# prepare_model.py itself skips a finished conversion; the venv is order-only so that editing
+# llm-prepare-model itself skips a finished conversion; the venv is order-only so that editing
 # requirements.txt does not redo the model.
-$(MODEL_STAMP): scripts/prepare_model.py | $(VENV_STAMP)
-	$(VENV_PY) scripts/prepare_model.py $(MODEL_DIR)
+$(MODEL_STAMP): launcher/prepare_model.py | $(VENV_STAMP)
+	$(VENV)/bin/llm-prepare-model $(MODEL_DIR)
 	@test -f $@ || { echo "error: $@ was not produced" >&2; exit 1; }; touch $@
 
-# The C++ low-bit kernels (backend/kernels/lowbit.cpp), built once per source hash into .cache/kernels; one
+# The C++ low-bit kernels (backend/model/kernels/lowbit.cpp), built once per source hash into .cache/kernels; one
 # build serves every x86 CPU (the instruction set is chosen at run time). Where it cannot build, the server
 # runs the pure-torch path and says so in its load log.
-$(KERNEL_STAMP): $(wildcard backend/kernels/*.cpp) backend/kernels/__init__.py | $(VENV_STAMP)
-	$(VENV_PY) -m backend.kernels
+$(KERNEL_STAMP): $(wildcard backend/model/kernels/*.cpp) backend/model/kernels/__init__.py | $(VENV_STAMP)
+	$(VENV_PY) -m backend.model.kernels
 	@mkdir -p $(@D) && touch $@
 
 # The model's GGUF blocks, checked against its fp32 weights and packed for the kernel, into .cache/weights
 # (keyed by the files and the code; a few seconds when already there), so that servers start without it.
 weights: model kernels
-	$(VENV_PY) -m backend.gguf_weights $(MODEL_DIR)
+	$(VENV_PY) -m backend.model.gguf_weights $(MODEL_DIR)
 
 # Backend directory: the wheel's backends/* plus the stub for the venv's Python version.
 $(TRITON_STAMP): $(VENV_STAMP)
@@ -104,11 +107,18 @@ $(TRITON_STAMP): $(VENV_STAMP)
 
 serve: export LLM_API_KEY := $(API_KEY)
 serve: venv model triton kernels weights
-	$(VENV_PY) scripts/serve.py --model-repository $(MODEL_REPOSITORY) \
+	$(VENV)/bin/llm-serve --model-repository $(MODEL_REPOSITORY) \
 	  --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
 
-test: venv model triton kernels weights browser
+test: venv lint model triton kernels weights browser
 	$(VENV_PY) -m pytest tests $(PYTEST_ARGS)
+
+# Lint (pyproject.toml): ruff's checks and its formatting, and import-linter's contracts (the engine's rooms in
+# layers, a pure protocol room, a front door and client without the engine's heavy libraries).
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # tests/integration/test_web_page.py drives a real headless browser. Where none is found ($$CHROMIUM or
 # chromium on PATH) and apt-get can run (as root, or through password-less sudo), install Debian's
@@ -140,10 +150,10 @@ haproxy:
 	$(call apt-install,haproxy,serve-replicas)
 
 serve-replicas: venv model triton kernels weights haproxy
-	$(VENV_PY) scripts/serve_replicas.py --replicas $(N) --port $(OPENAI_PORT)
+	$(VENV)/bin/llm-serve-replicas --replicas $(N) --port $(OPENAI_PORT)
 
 failover: venv model triton kernels weights haproxy
-	$(VENV_PY) loadtest/failover.py $(FAILOVER_ARGS)
+	$(VENV)/bin/llm-failover $(FAILOVER_ARGS)
 
 # The Kubernetes manifests under deploy/ (kubectl, yamllint and kubernetes-validate come with the venv).
 deploy-check: venv

@@ -6,7 +6,7 @@ requirements.txt; this script creates it when missing:
     python3.11 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0
     .venv/bin/python benchmarks/aiperf_run.py [--aiperf /tmp/aiperf-venv/bin/aiperf] [--concurrency 1 8 32]
 
-It starts tritonserver with the default model repository and the front door (scripts/serve.py) on free ports,
+It starts tritonserver with the default model repository and the front door (the launcher) on free ports,
 runs `aiperf profile --endpoint-type chat --streaming --use-server-token-count` once per concurrency (synthetic
 prompts of --isl tokens, --osl output tokens with ignore_eos, the model folder's tokenizer, no hub), stops the
 server and writes benchmarks/results/aiperf.md with TTFT, ITL, output tokens/s and requests/s, plus the
@@ -27,10 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
+import launcher
 
-import serve  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 MODEL_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "aiperf.md"
@@ -144,19 +143,19 @@ def main(argv: list[str] | None = None) -> int:
 
     exe = ensure_aiperf(Path(args.aiperf_venv))
     work = Path(tempfile.mkdtemp(prefix="aiperf-"))
-    http, grpc, metrics_port, openai_port = (serve.free_port() for _ in range(4))
-    triton = serve.start_server(args.model_repository, http, grpc, metrics_port, work / "tritonserver.log")
-    frontend = serve.start_frontend(f"127.0.0.1:{grpc}", openai_port, work / "frontend.log",
+    http, grpc, metrics_port, openai_port = (launcher.free_port() for _ in range(4))
+    triton = launcher.start_server(args.model_repository, http, grpc, metrics_port, work / "tritonserver.log")
+    frontend = launcher.start_frontend(f"127.0.0.1:{grpc}", openai_port, work / "frontend.log",
                                     metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
     runs, cores, scraped = {}, {}, {}
     try:
-        serve.wait_until_ready(http, triton, 600)
-        serve.wait_until_frontend_ready(openai_port, frontend, 120)
+        launcher.wait_until_ready(http, triton, 600)
+        launcher.wait_until_frontend_ready(openai_port, frontend, 120)
         for c in args.concurrency:
             runs[c], cores[c], scraped[c] = run_aiperf(exe, f"http://127.0.0.1:{openai_port}", c, args, work / f"c{c}")
     finally:
-        serve.stop_server(frontend, 10)
-        serve.stop_server(triton)
+        launcher.stop_server(frontend, 10)
+        launcher.stop_server(triton)
     text = report(runs, args, cores, scraped)
     Path(args.output).write_text(text)
     print(text)

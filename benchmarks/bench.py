@@ -1,6 +1,6 @@
 """The benchmark report: one process run on one machine, every ratio measured in that run.
 
-    python benchmarks/bench.py [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8] [--quick] [--threads N]
+    llm-bench [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8] [--quick] [--threads N]
                                [--llama-cpp-dir DIR]
 
 Sections (all run by default; `--only` picks some), one module each over benchmarks/harness.py:
@@ -44,11 +44,9 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks import (  # noqa: E402
+from benchmarks import (
     kernels_threads,
     load_curve,
     roofline,
@@ -58,8 +56,8 @@ from benchmarks import (  # noqa: E402
     vs_llama_cpp,
     vs_transformers,
 )
-from benchmarks.common import DEFAULT_MODEL  # noqa: E402
-from benchmarks.harness import (  # noqa: E402
+from benchmarks.common import DEFAULT_MODEL
+from benchmarks.harness import (
     BF16_INT4_MODEL,
     DECODE_PROFILE,
     FP32_MODEL,
@@ -74,7 +72,7 @@ from benchmarks.harness import (  # noqa: E402
     machine_info,
     make_settings,
 )
-from benchmarks.report import write_report  # noqa: E402
+from benchmarks.report import write_report
 
 SECTIONS = {1: seed_workload, 2: vs_transformers, 3: triton_overhead, 4: roofline, 5: load_curve, 6: vs_llama_cpp,
             7: kernels_threads, 8: spec_decode}
@@ -164,9 +162,9 @@ def run_sections(bench: Bench, only: list[int], workdir: Path) -> tuple[dict[int
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from backend.hardware import serving_threads
+    from backend.model.hardware import serving_threads
 
-    args.engine_threads = args.threads  # 0: the engine's own rule (backend/hardware.py serving_threads)
+    args.engine_threads = args.threads  # 0: the engine's own rule (backend/model/hardware.py serving_threads)
     args.peer_threads = args.threads or torch.get_num_threads()
     args.threads = args.threads or serving_threads()
     settings = make_settings(args)

@@ -32,7 +32,7 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def run_engine(engine, prompts: list[str], params: dict, concurrency: int) -> "LoadResult":
+def run_engine(engine, prompts: list[str], params: dict, concurrency: int) -> LoadResult:
     """Feed `prompts` (all with params["max_tokens"]) to an in-process engine, `concurrency` in flight."""
     return run_engine_requests(engine, [(p, params["max_tokens"]) for p in prompts], params, concurrency)
 
@@ -75,17 +75,6 @@ SEED_WORKLOAD: list[tuple[str, int]] = [
 ]
 SEED_BATCH_SIZE = 8
 SEED_SPEEDUP = 88.22 / 52.36  # the seed's synchronous / continuous durations: 1.68x (the issue rounds to 1.69x)
-
-
-def percentile(values, q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation; nan when empty."""
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    k = (len(values) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 @dataclass
@@ -218,7 +207,7 @@ def measure_ceilings(seconds: float = 1.0, size: int = 1024, read_mib: int = 256
         a = torch.randn(size, size, dtype=dtype)
         b = torch.randn(size, size, dtype=dtype)
         a @ b  # warm-up
-        out[f"matmul_{name}_gflops"] = 2 * size**3 / _median_time(lambda: a @ b, seconds) / 1e9
+        out[f"matmul_{name}_gflops"] = 2 * size**3 / _median_time(lambda a=a, b=b: a @ b, seconds) / 1e9
     x = torch.ones(read_mib * 2**20 // 4, dtype=torch.float32)
     x.sum()
     out["mem_read_gbs"] = x.numel() * 4 / _median_time(x.sum, seconds) / 1e9
@@ -249,10 +238,10 @@ def write_model_repository(root: Path, variants: dict[str, dict[str, str]],
         for key, value in {"model": str(model_path), **overrides}.items():
             entry = f'{{ key: "{key}", value: {{ string_value: "{value}" }} }}'
             pattern = re.compile(r'\{\s*key:\s*"' + re.escape(key) + r'"\s*,\s*value:\s*\{[^}]*\}\s*\}')
-            text, n = pattern.subn(lambda _m: entry, text, count=1)
+            text, n = pattern.subn(lambda _m, entry=entry: entry, text, count=1)
             if not n:  # not in the file: append to the parameters list
-                text, n = re.subn(r"(^parameters\s*\[)", lambda m: f"{m.group(1)}\n  {entry},", text, count=1,
-                                  flags=re.MULTILINE)
+                text, n = re.subn(r"(^parameters\s*\[)", lambda m, entry=entry: f"{m.group(1)}\n  {entry},", text,
+                                  count=1, flags=re.MULTILINE)
                 if not n:
                     raise ValueError(f"no parameters [ ... ] block in {source / 'config.pbtxt'}")
         version = root / name / "1"

@@ -6,31 +6,27 @@ import datetime
 import math
 import os
 import platform
-import re
-import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-for _path in (REPO_ROOT, REPO_ROOT / "scripts"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.common import (  # noqa: E402
+import launcher
+from benchmarks.common import (
     PROMPTS,
     SEED_WORKLOAD,
     LoadResult,
     measure_ceilings,
-    percentile,
     read_parameters,
     run_engine_requests,
     run_triton,
     write_model_repository,
 )
+from testkit import prometheus
+from testkit.stats import percentile
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 MAIN_MODEL = "llm"  # the served configuration, model_repository/llm/config.pbtxt as it stands
@@ -180,8 +176,8 @@ def machine_info(threads: int) -> dict:
             cpu = line.split(":", 1)[1].strip()
     import transformers
 
-    from backend import kernels
-    from backend.hardware import cpu_flags_of_this_machine
+    from backend.model import kernels
+    from backend.model.hardware import cpu_flags_of_this_machine
 
     flags = cpu_flags_of_this_machine()
     return {
@@ -202,7 +198,7 @@ def engine_parameters(threads: int, variant: str = MAIN_MODEL) -> dict[str, str]
 
 def resolved_dtype(variant: str = MAIN_MODEL) -> str:
     """The dtype a variant runs in on this machine (`auto` resolved as the engine resolves it)."""
-    from backend.hardware import resolve_for_model
+    from backend.model.hardware import resolve_for_model
 
     params = engine_parameters(0, variant)
     return resolve_for_model(
@@ -214,21 +210,18 @@ def resolved_dtype(variant: str = MAIN_MODEL) -> str:
 
 
 class Server:
-    """tritonserver (scripts/serve.py) on free loopback ports with a temporary model repository holding the
+    """tritonserver (the launcher) on free loopback ports with a temporary model repository holding the
     `variants` (names of VARIANTS), each at the run's thread count."""
 
     def __init__(self, threads: int, workdir: Path, variants: list[str]):
-        import serve
-
-        self.serve = serve
         overrides = {v: {"num_threads": str(threads), **VARIANTS[v]} for v in variants}  # a variant's own wins
         repository = write_model_repository(workdir / "model_repository", overrides)
         self.log_path = workdir / "tritonserver.log"
-        self.ports = [serve.free_port() for _ in range(3)]
+        self.ports = [launcher.free_port() for _ in range(3)]
         log(f"starting tritonserver with {variants} (gRPC {self.ports[1]}; log {self.log_path})")
-        self.proc = serve.start_server(repository, *self.ports, self.log_path)
+        self.proc = launcher.start_server(repository, *self.ports, self.log_path)
         try:
-            serve.wait_until_ready(self.ports[0], self.proc, timeout_s=600)
+            launcher.wait_until_ready(self.ports[0], self.proc, timeout_s=600)
             self.grpc_url = f"127.0.0.1:{self.ports[1]}"
             for model in variants:  # warm-up
                 run_triton(self.grpc_url, model, [(PROMPTS[0], 4)] * 2, GREEDY, 2)
@@ -245,27 +238,24 @@ class Server:
             raise RuntimeError(f"{len(result.errors)} request(s) failed through Triton: {result.errors[:3]}")
         time.sleep(0.3)  # the engine publishes its metrics every 100 ms
         after = self.engine_activity(model)
-        result.engine_steps, result.step_sequences = (a - b for a, b in zip(after, before))
+        result.engine_steps, result.step_sequences = (a - b for a, b in zip(after, before, strict=True))
         return result
 
     def engine_activity(self, model: str) -> tuple[float, float]:
         """(engine steps, sequences summed over them) so far for `model`; nan where the endpoint fails."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout=5) as response:
-                text = response.read().decode()
+            metrics = prometheus.scrape(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout_s=5)
         except OSError:
             return math.nan, math.nan
-        values = []
-        for name in ("llm_engine_steps_total", "llm_step_num_sequences_sum"):
-            found = re.search(rf'^{name}{{[^}}]*model="{re.escape(model)}"[^}}]*}} (\S+)$', text, re.MULTILINE)
-            values.append(float(found.group(1)) if found else math.nan)
-        return values[0], values[1]
+        steps, sequences = ([*prometheus.samples(metrics, name, model=model), math.nan][0]
+                            for name in ("llm_engine_steps_total", "llm_step_num_sequences_sum"))
+        return steps, sequences
 
     def log_tail(self) -> str:
-        return self.serve.log_tail(self.log_path)
+        return launcher.log_tail(self.log_path)
 
     def stop(self) -> None:
-        code = self.serve.stop_server(self.proc)
+        code = launcher.stop_server(self.proc)
         log(f"tritonserver stopped (exit code {code})")
 
 

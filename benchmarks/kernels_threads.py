@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from backend import kernels
+from backend.model import kernels
 from benchmarks.harness import BF16_INT4_MODEL, MAIN_MODEL, THREADS_MODELS, Bench, log, throughput_requests
 from benchmarks.roofline import engine_linears, linear_layers_time
 
@@ -79,12 +79,12 @@ def run(bench: Bench) -> list[str]:
         "",
         "Output tokens/s through Triton, the throughput workload of sections 2 and 6, each path in the same run "
         "(ratios against the first row). `quantization: auto` takes the exact path where the kernel runs, except "
-        "on AMX CPUs (backend/hardware.py): this table is the measurement behind that rule on this CPU.",
+        "on AMX CPUs (backend/model/hardware.py): this table is the measurement behind that rule on this CPU.",
         "",
         *served_lines,
         "",
         "The served configuration with its default threads (`num_threads: 0`: every core for a step of one "
-        "sequence, every core but one for larger steps, leaving a core to Triton's own threads; backend/hardware.py "
+        "sequence, every core but one for larger steps, leaving a core to Triton's own threads; backend/model/hardware.py "
         "`serving_threads`) and fixed at 1 and 2 torch threads, same workload.",
         "",
         *thread_lines,

@@ -19,7 +19,7 @@ TITLE = "Roofline: decode tokens/s against the machine's ceilings"
 
 
 def engine_linears(engine) -> list:
-    """The linear layers one decode step runs, LM head last: the fused path's layer objects (backend/linear.py),
+    """The linear layers one decode step runs, LM head last: the fused path's layer objects (backend/model/linear.py),
     or Hugging Face's nn.Linear modules on the generic path. Each has `.weight` and is called on [M, in]."""
     fused = engine.runner.fused
     if fused is None:
@@ -149,9 +149,9 @@ _ORDER = [MATMUL, _LABELS["llm.lowbit"], _LABELS["llm.attention"], _LABELS["llm.
 def _labelled_functions(engine) -> list[tuple[object, str, str]]:
     """(owner, attribute, label) of the functions a decode step runs through, labelled for the profiler (those
     this engine has: its output handling has lived on the engine and on an `outputs` object)."""
-    import backend.fused_llama as fused_llama
-    import backend.model_runner as model_runner
-    import backend.paged_attention as paged_attention
+    import backend.model.fused_llama as fused_llama
+    import backend.model.runner as model_runner
+    import backend.model.paged_attention as paged_attention
 
     runner, outputs = engine.runner, getattr(engine, "outputs", None)
     candidates = [

@@ -17,14 +17,10 @@ comparison as a section of the benchmark report (benchmarks/bench.py), on the se
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from backend import EngineConfig, LLMEngine  # noqa: E402
-from benchmarks.common import (  # noqa: E402
+from backend import EngineConfig, LLMEngine
+from benchmarks.common import (
     DEFAULT_MODEL,
     PROMPTS,
     machine_description,

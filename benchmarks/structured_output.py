@@ -10,14 +10,11 @@ when its grammar is complete, so the rows also give the mean output length.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from backend import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from benchmarks.common import DEFAULT_MODEL, PROMPTS, machine_description, run_engine  # noqa: E402
+from backend import EngineConfig, LLMEngine, SamplingParams
+from benchmarks.common import DEFAULT_MODEL, PROMPTS, machine_description, run_engine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "structured_output.md"
 SCHEMA = {

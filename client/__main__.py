@@ -1,6 +1,6 @@
 """Command-line client: stream a completion from the `llm` model over gRPC or HTTP.
 
-    python -m client "The capital of France is" --max-tokens 32 --temperature 0.7 --seed 1 --show-stats
+    llm-client "The capital of France is" --max-tokens 32 --temperature 0.7 --seed 1 --show-stats
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _unescape(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m client", description=__doc__,
+    p = argparse.ArgumentParser(prog="llm-client", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")

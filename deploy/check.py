@@ -170,13 +170,14 @@ def cross_check(rendered: Rendered) -> list[str]:
     check("--openai-host=0.0.0.0" in args, "the front door must listen on the pod IP (--openai-host=0.0.0.0)")
     check(not any(a.startswith("--host=") for a in args), "Triton must stay on loopback (no --host)")
     check(_matches(deployment["spec"]["selector"]["matchLabels"], labels), "the Deployment's selector misses its pods")
-    launcher = Path(container["command"][-1])
-    check(launcher.parts[:3] == ("/", "opt", "llm") and (DEPLOY.parent / Path(*launcher.parts[3:])).is_file(),
-          f"the command runs {launcher}, which is not a file of this repository under /opt/llm")
+    command = container["command"]
+    module = DEPLOY.parent / (command[-1].replace(".", "/") + ".py")
+    check(command[:2] == ["/opt/llm/.venv/bin/python", "-m"] and module.is_file(),
+          f"the command {command} does not run a module of this repository with the image's venv")
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     exit_timeout = int(next(a.split("=")[1] for a in container["args"] if a.startswith("--exit-timeout-secs=")))
-    # serve.py gives the front door exit_timeout + 20 s to drain, then tritonserver exit_timeout + 20 s.
+    # llm-serve gives the front door exit_timeout + 20 s to drain, then tritonserver exit_timeout + 20 s.
     check(grace >= int(pre_stop[-1]) + 2 * (exit_timeout + 20), f"terminationGracePeriodSeconds {grace} is shorter "
           f"than preStop + the drain + tritonserver's exit ({int(pre_stop[-1])} + 2 x ({exit_timeout} + 20) s)")
     check("livenessProbe" in container and "httpGet" in container["livenessProbe"]

@@ -1,5 +1,5 @@
-"""The container's entry point: the supervised launch (scripts/serve.py: tritonserver + the OpenAI front door,
-as `make serve`), with engine parameters taken from the environment.
+"""The container's entry point: the supervised launch (llm-serve, launcher/serve.py: tritonserver and the OpenAI
+front door, as `make serve`), with engine parameters taken from the environment.
 
 Each `LLM_PARAM_<NAME>=<value>` sets the parameter `<name>` (lower case) of every model in the repository: the
 Deployment sets LLM_PARAM_NUM_THREADS from the container's CPU limit, so torch runs as many threads as the pod
@@ -9,12 +9,12 @@ those values under $LLM_RUNTIME_DIR (default /tmp/llm): each model's config.pbtx
 relative `model` path made absolute, since it was relative to the original folder) and everything else linked to
 the original. Without any LLM_PARAM_ variable the repository is served as it is.
 
-Every other argument goes to scripts/serve.py, which replaces this process (exec): the container's SIGTERM
-reaches serve.py, which stops the front door first (it finishes its streams) and then tritonserver.
+Every other argument goes to llm-serve, which replaces this process (exec): the container's SIGTERM
+reaches llm-serve, which stops the front door first (it finishes its streams) and then tritonserver.
 
-    python deploy/launch.py --openai-host=0.0.0.0 [serve.py options]
+    python -m deploy.launch --openai-host=0.0.0.0 [llm-serve options]
 
-Standard library only, like serve.py.
+Standard library only, like the launcher.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         runtime = Path(os.environ.get("LLM_RUNTIME_DIR") or "/tmp/llm")
         repo = write_repository(repo, runtime / "model_repository", params)
         print(f"[launch] engine parameters from the environment: {params}; repository {repo}", flush=True)
-    command = [sys.executable, str(REPO_ROOT / "scripts" / "serve.py"), "--model-repository", str(repo), *rest]
+    command = [sys.executable, "-m", "launcher.serve", "--model-repository", str(repo), *rest]
     print("[launch] " + " ".join(command), flush=True)
     os.execv(sys.executable, command)
 

@@ -1,4 +1,4 @@
-"""Run the front door: `python -m frontend --triton-grpc 127.0.0.1:8001 --model-dir models/smollm2-135m-instruct`.
+"""Run the front door: `llm-frontend --triton-grpc 127.0.0.1:8001 --model-dir models/smollm2-135m-instruct`.
 
 It serves the OpenAI API on --host:--port (127.0.0.1:9000; OPENAI_PORT moves the port), sending every
 generation to the Triton server's model over gRPC streaming, plus the web page and live batch view
@@ -23,7 +23,7 @@ DEFAULT_PORT = 9000
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m frontend", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="llm-frontend", description=__doc__.split("\n\n")[0])
     ap.add_argument("--triton-grpc", default="127.0.0.1:8001", help="Triton's gRPC endpoint host:port")
     ap.add_argument("--triton-metrics", default="http://127.0.0.1:8002/metrics",
                     help="Triton's metrics URL, appended to /metrics ('' for none)")

@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from backend.protocol import wire
 from backend.protocol.wire import INTERNAL, INVALID_REQUEST, NO_FINISH_REASON, UNAVAILABLE, parse_error
 
-# scripts/serve.py's header for Triton's restricted APIs, as Triton expects it over gRPC
+# The launcher's header for Triton's restricted APIs, as Triton expects it over gRPC
 ADMIN_HEADER = "triton-grpc-protocol-llm-admin-key"
 # tritonclient's own channel options, plus a short reconnect back-off: gRPC's default grows to 120 s while
 # tritonserver is down, so after its supervisor restarted it the front door would stay "not ready" (and out of

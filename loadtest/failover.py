@@ -1,8 +1,8 @@
-"""Failover under load (not in CI): two replicas (scripts/serve_replicas.py: two supervised launches behind
+"""Failover under load (not in CI): two replicas (launcher/replicas.py: two supervised launches behind
 Debian's HAProxy) under Locust users; one replica's tritonserver is killed (SIGKILL) mid-run, then, at the end,
 the other replica is stopped gracefully (SIGTERM, as Kubernetes stops a pod).
 
-    .venv/bin/python loadtest/failover.py --users 4          # about 5 minutes on 2 cores
+    .venv/bin/llm-failover --users 4                   # about 5 minutes on 2 cores
 
 Each user sends, one after the other, OpenAI requests through the proxy: a streamed chat completion or a whole
 completion (half each by default), greedy, `ignore_eos` with max_tokens drawn from [--max-tokens-min,
@@ -47,16 +47,14 @@ from gevent import monkey
 monkey.patch_all()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-for _path in (REPO_ROOT, REPO_ROOT / "scripts"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
 from locust import User, constant, events, task  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
-import serve_replicas  # noqa: E402
+import launcher.replicas  # noqa: E402
 from client.api import parse_sse  # noqa: E402
 from loadtest.workload import SYNTHETIC_PROMPTS  # noqa: E402
+from testkit import prometheus  # noqa: E402
 
 RESULTS_DIR = REPO_ROOT / "loadtest" / "results"
 KILLED, DRAINED = "r1", "r2"
@@ -193,23 +191,18 @@ class FailoverUser(User):
 # ------------------------------------------------------------------------------------------------- watching
 
 
-def scrape(replica: serve_replicas.Replica) -> dict:
-    import urllib.request
-
+def scrape(replica: launcher.replicas.Replica) -> dict:
+    """The replica's KV blocks used, usage ratio, requests running and waiting (None where unknown)."""
     try:
-        with urllib.request.urlopen(replica.metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
+        metrics = prometheus.scrape(replica.metrics_url, timeout_s=5)
     except OSError:
         return {"kv_blocks_used": None, "running": None, "waiting": None}
-    out = {}
-    for key, metric in (("kv_blocks_used", "llm_kv_cache_blocks_used"), ("running", "llm_requests_running"),
-                        ("waiting", "llm_requests_waiting"), ("kv_usage_ratio", "llm_kv_cache_usage_ratio")):
-        prefix = f'{metric}{{model="llm",version="1"}} '
-        out[key] = next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), None)
-    return out
+    return {key: prometheus.value(metrics, metric, None, model="llm", version="1")
+            for key, metric in (("kv_blocks_used", "llm_kv_cache_blocks_used"), ("running", "llm_requests_running"),
+                                ("waiting", "llm_requests_waiting"), ("kv_usage_ratio", "llm_kv_cache_usage_ratio"))}
 
 
-def watch(cluster: serve_replicas.Cluster) -> None:
+def watch(cluster: launcher.replicas.Cluster) -> None:
     """Every 0.25 s: the proxy's view of each replica (transitions become events); KV every 2 s."""
     last: dict[str, str] = {}
     n = 0
@@ -233,7 +226,7 @@ def watch(cluster: serve_replicas.Cluster) -> None:
         gevent.sleep(0.25)
 
 
-def settle(replicas: list[serve_replicas.Replica], timeout_s: float = 60.0) -> dict[str, dict]:
+def settle(replicas: list[launcher.replicas.Replica], timeout_s: float = 60.0) -> dict[str, dict]:
     """Each replica's KV / running / waiting once they read 0 (or after timeout_s)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -265,7 +258,7 @@ def read_proxy_log(path: Path) -> dict[str, tuple[str, int, int]]:
 # ------------------------------------------------------------------------------------------------- scenario
 
 
-def scenario(cluster: serve_replicas.Cluster, args) -> dict:
+def scenario(cluster: launcher.replicas.Cluster, args) -> dict:
     env = Environment(user_classes=[FailoverUser], host=cluster.proxy_url, events=events)
     runner = env.create_local_runner()
     watcher = gevent.spawn(watch, cluster)
@@ -283,7 +276,7 @@ def scenario(cluster: serve_replicas.Cluster, args) -> dict:
             for r in RUN.records):
         gevent.sleep(0.05)
     old_pid = cluster.tritonserver_pid(killed)
-    old_stubs = serve_replicas.child_pids(old_pid, "triton_python_backend_stub")
+    old_stubs = launcher.replicas.child_pids(old_pid, "triton_python_backend_stub")
     timeline["kill"] = RUN.event(f"SIGKILL {killed.name}'s tritonserver", pid=old_pid, stubs=old_stubs)["t"]
     in_flight_at_kill = [r.id for r in RUN.records if not r.ended]
     os.kill(old_pid, signal.SIGKILL)
@@ -319,9 +312,9 @@ def scenario(cluster: serve_replicas.Cluster, args) -> dict:
     RUN.accepting = True
     timeline["drain_load"] = RUN.event("users resume")["t"]
     gevent.sleep(args.drain_after)
-    timeline["sigterm"] = RUN.event(f"SIGTERM {drained.name}'s serve.py (graceful stop)")["t"]
+    timeline["sigterm"] = RUN.event(f"SIGTERM {drained.name}'s llm-serve (graceful stop)")["t"]
     in_flight_at_sigterm = [r.id for r in RUN.records if not r.ended]
-    stopper = gevent.spawn(serve_replicas.stop_replica, drained)
+    stopper = gevent.spawn(launcher.replicas.stop_replica, drained)
     gevent.sleep(args.drain_load)
     timeline["drain_end"] = RUN.event("stop starting requests; wait for those in flight")["t"]
     stop_accepting_and_wait()
@@ -438,9 +431,9 @@ def report(summary: dict, meta: dict) -> str:
     lines = [
         "# Failover: two replicas behind HAProxy, one tritonserver killed under load",
         "",
-        f"`.venv/bin/python loadtest/failover.py {meta['argv']}` ({meta['date']}). Machine: {m['cpu']}, "
+        f"`.venv/bin/llm-failover {meta['argv']}` ({meta['date']}). Machine: {m['cpu']}, "
         f"{m['cpus']} CPUs, {m['memory_gib']} GiB; SIMD flags: {' '.join(simd)} (all flags in the .json). "
-        f"{meta['haproxy']}. Replicas: `scripts/serve_replicas.py`, the default model repository, "
+        f"{meta['haproxy']}. Replicas: `llm-serve-replicas`, the default model repository, "
         f"{meta['replicas']}; {meta['users']} Locust users, half streamed chat completions, half whole "
         f"completions, greedy, max_tokens {meta['max_tokens']} with ignore_eos. Both replicas were ready behind the "
         f"proxy {meta['replicas_ready_s']} s after the start; 1-minute load average before / after the run "
@@ -478,7 +471,7 @@ def report(summary: dict, meta: dict) -> str:
         f"- Graceful stop (SIGTERM) of {DRAINED} under load: {g['in_flight_on_stopped_replica']['sent']} requests in "
         f"flight on it, {g['in_flight_on_stopped_replica']['succeeded']} finished normally; of the "
         f"{g['started_after_sigterm']['sent']} started after it, {g['started_after_sigterm']['succeeded']} succeeded "
-        f"and {g['started_after_sigterm']['served_by_stopped']} were served by {DRAINED}; its serve.py exited with "
+        f"and {g['started_after_sigterm']['served_by_stopped']} were served by {DRAINED}; its llm-serve exited with "
         f"code {g['exit_code']}.",
         f"- Python stubs of the killed tritonserver still running after the restart: "
         f"{summary['orphaned_stubs_after_restart'] or 'none'}.",
@@ -523,10 +516,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_dir = REPO_ROOT / ".cache" / "failover"
-    haproxy_version = subprocess.run([serve_replicas.find_haproxy(), "-v"], capture_output=True,
+    haproxy_version = subprocess.run([launcher.replicas.find_haproxy(), "-v"], capture_output=True,
                                      text=True).stdout.splitlines()[0].split(" - ")[0]
     t0, load_before = time.monotonic(), os.getloadavg()
-    with serve_replicas.running_replicas(2, base_port=args.base_port, proxy_port=args.proxy_port,
+    with launcher.replicas.running_replicas(2, base_port=args.base_port, proxy_port=args.proxy_port,
                                          stats_port=args.stats_port, log_dir=log_dir,
                                          pin_cpus=not args.no_pin_cpus) as cluster:
         ready_s = round(time.monotonic() - t0, 1)

@@ -43,7 +43,6 @@ import itertools
 import json
 import logging
 import random
-import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -55,8 +54,6 @@ from locust import stats as locust_stats
 from locust.runners import WorkerRunner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 from client.api import Chunk, Completion, GrpcStream, ServerError, generate_http, parse_sse, stream_http  # noqa: E402
 from client.api import gevent_compat  # noqa: E402

@@ -5,8 +5,8 @@ p50/p99 per minute, and whether `llm_kv_cache_blocks_used` is back to 0 at the e
 and the front door on free ports. Writes a Markdown report, the raw samples (JSON) and a plot (PNG) under
 loadtest/results/.
 
-    .venv/bin/python loadtest/soak.py --minutes 10 --users 16
-    .venv/bin/python loadtest/soak.py --mix GrpcStreamUser:3,HttpStreamUser:2,CancellingGrpcUser:1
+    .venv/bin/llm-soak --minutes 10 --users 16
+    .venv/bin/llm-soak --mix GrpcStreamUser:3,HttpStreamUser:2,CancellingGrpcUser:1
 
 The user mix is pluggable: `--mix NAME:WEIGHT,...` picks from USER_CLASSES (the load test's users and the
 cancelling and dropping ones below, OpenAI users included); `--user-module pkg.module` adds the Locust User
@@ -29,20 +29,19 @@ from gevent import monkey
 monkey.patch_all()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-for _path in (REPO_ROOT, REPO_ROOT / "scripts"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
 
 import psutil  # noqa: E402
 from locust import User  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
-import serve  # noqa: E402
+import launcher  # noqa: E402
 from client.api import Completion, GrpcStream, stream_http  # noqa: E402
 from loadtest import locustfile  # noqa: E402
 from loadtest.locustfile import (  # noqa: E402
     GrpcStreamUser, HttpGenerateUser, HttpStreamUser, OpenAIChatUser, _http_url,
 )
+from testkit import prometheus  # noqa: E402
+from testkit.stats import percentile  # noqa: E402
 
 RESULTS_DIR = REPO_ROOT / "loadtest" / "results"
 CANCEL_TYPES = ("grpc_cancel", "http_drop", "openai_drop")
@@ -157,21 +156,11 @@ def rss_mb(processes: list[psutil.Process]) -> float:
 
 
 def scrape(metrics_url: str, model: str) -> dict:
-    import urllib.request
-
-    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for key, metric in (("kv_blocks_used", KV_METRIC), ("running", "llm_requests_running"),
-                        ("waiting", "llm_requests_waiting")):
-        prefix = f'{metric}{{model="{model}",version="1"}} '
-        out[key] = next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), -1.0)
-    return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))] if ordered else float("nan")
+    """`model`'s KV blocks used, requests running and waiting (-1.0 where a series is missing)."""
+    metrics = prometheus.scrape(metrics_url)
+    return {key: prometheus.value(metrics, metric, -1.0, model=model, version="1")
+            for key, metric in (("kv_blocks_used", KV_METRIC), ("running", "llm_requests_running"),
+                                ("waiting", "llm_requests_waiting"))}
 
 
 # ------------------------------------------------------------------------------------------------ analysis
@@ -282,7 +271,7 @@ def main(argv=None) -> int:
     ap.add_argument("--spawn-rate", type=float, default=4.0)
     ap.add_argument("--mix", default=DEFAULT_MIX, help="user classes and weights, Name:weight,...")
     ap.add_argument("--user-module", action="append", default=[], help="a module whose Locust users --mix may name")
-    ap.add_argument("--model-repository", default=str(serve.DEFAULT_MODEL_REPOSITORY))
+    ap.add_argument("--model-repository", default=str(launcher.DEFAULT_MODEL_REPOSITORY))
     ap.add_argument("--model", default="llm")
     ap.add_argument("--max-tokens-min", type=int, default=16)
     ap.add_argument("--max-tokens-max", type=int, default=128)
@@ -294,15 +283,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or time.strftime("soak-%Y%m%dT%H%MZ", time.gmtime())
-    with serve.running_server(args.model_repository, out / f"{stem}.server.log") as srv:
-        port = serve.free_port()
-        frontend = serve.start_frontend(srv.grpc_url, port, out / f"{stem}.frontend.log", models=[args.model],
+    with launcher.running_server(args.model_repository, out / f"{stem}.server.log") as srv:
+        port = launcher.free_port()
+        frontend = launcher.start_frontend(srv.grpc_url, port, out / f"{stem}.frontend.log", models=[args.model],
                                         metrics_url=srv.metrics_url)
         try:
-            serve.wait_until_frontend_ready(port, frontend)
+            launcher.wait_until_frontend_ready(port, frontend)
             return run(args, classes, srv, frontend, out, stem)
         finally:
-            serve.stop_server(frontend, timeout_s=10)
+            launcher.stop_server(frontend, timeout_s=10)
 
 
 def run(args, classes, srv, frontend, out: Path, stem: str) -> int:

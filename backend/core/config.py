@@ -95,7 +95,7 @@ class EngineConfig:
         if self.quantization == "gguf" and not (Path(self.model) / "model.gguf").is_file():
             raise ConfigError(
                 "parameter 'quantization' is 'gguf' but the model folder has no model.gguf (the GGUF it was "
-                "converted from; scripts/prepare_model.py keeps it there); use 'auto', 'q8_0' or 'none'"
+                "converted from; launcher/prepare_model.py keeps it there); use 'auto', 'q8_0' or 'none'"
             )
         _check_range("max_lowbit_rows", self.max_lowbit_rows, 0, 4096)
         if self.draft_model not in ("", "self", "ngram") and not (Path(self.draft_model) / "config.json").exists():

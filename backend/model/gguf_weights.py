@@ -1,6 +1,6 @@
 """The low-bit blocks of a Llama-family GGUF, under Hugging Face's parameter names.
 
-A model folder converted from a GGUF (scripts/prepare_model.py) keeps the GGUF beside it as `model.gguf`;
+A model folder converted from a GGUF (launcher/prepare_model.py) keeps the GGUF beside it as `model.gguf`;
 its Q4_1 / Q8_0 blocks are the reference weights (the fp32 safetensors are these blocks de-quantized), so the
 low-bit kernels can serve them exactly. `verified_blocks` proves that per weight, bit for bit, before a block
 is served: a folder whose fp32 weights differ (fine-tuned after conversion, another GGUF) is never served

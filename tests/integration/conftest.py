@@ -2,8 +2,9 @@
 
 The `server` fixture writes a temporary model repository with one copy of `model_repository/llm` per entry
 of `VARIANTS` (its own name and engine parameters; `1/model.py` is symlinked), starts tritonserver on free
-ports through `scripts/serve.py`, waits until it is ready and stops it at the end. The OpenAI-compatible
-front door (`python -m frontend`) runs beside it on a free port, serving `FRONTEND_MODELS`
+ports through the launcher (`launcher.start_server`, as `llm-serve` does), waits until it is ready and stops it
+at the end. The OpenAI-compatible front door (`launcher.start_frontend`) runs beside it on a free port, serving
+`FRONTEND_MODELS`
 (`server.openai_url` is its `/v1` base URL, as the openai SDK takes it). Add a variant by adding
 an entry to `VARIANTS` (e.g. speculative decoding ones); nothing else needs to change.
 
@@ -11,15 +12,13 @@ The `reference` fixture computes reference outputs with Hugging Face `transforme
 time, no padding) and caches them in a JSON file under the session's tmp dir.
 
 Environment:
-    LLM_VENV             the venv that has nvidia-pytriton (read by scripts/serve.py; default .venv)
+    LLM_VENV             the venv that has nvidia-pytriton (read by the launcher; default .venv)
     LLM_REFERENCE_CACHE  optional JSON file that keeps reference outputs across sessions (default: tmp dir)
     LLM_READY_TIMEOUT_S  seconds to wait for the server to become ready (default 600)
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import re
 import sys
@@ -31,12 +30,16 @@ from typing import Callable, Optional
 
 import pytest
 
+import launcher
+
+# The one Prometheus parser and the one Hugging Face greedy reference (float32, batch 1, stops after EOS, its
+# outputs kept in a JSON file) live in testkit; imported here too, as tests import them from conftest.
+from testkit.hf_reference import HFReference as Reference
+from testkit.hf_reference import RefOutput  # noqa: F401
+from testkit.prometheus import MetricKey, parse_prometheus  # noqa: F401
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # llm_testlib
-sys.path.insert(0, str(REPO_ROOT / "scripts"))  # serve
-
-import serve  # noqa: E402
 
 SOURCE_MODEL_DIR = REPO_ROOT / "model_repository" / "llm"
 MODEL_DIR = (REPO_ROOT / "models" / "smollm2-135m-instruct").resolve()
@@ -150,30 +153,6 @@ def write_model_repository(root: Path, variants: dict[str, dict[str, str]]) -> P
 
 # --------------------------------------------------------------------------------------------------- metrics
 
-_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-MetricKey = tuple  # (name, frozenset of (label, value))
-
-
-def parse_prometheus(text: str) -> dict[MetricKey, float]:
-    """Prometheus text format -> {(name, frozenset(labels.items())): value}."""
-    out: dict[MetricKey, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE_RE.match(line)
-        if not match:
-            continue
-        name, labels, value = match.groups()
-        pairs = frozenset(_LABEL_RE.findall(labels or ""))
-        try:
-            out[(name, pairs)] = float(value)
-        except ValueError:
-            continue
-    return out
-
-
 @dataclasses.dataclass
 class Metrics:
     """One scrape, with lookups by model."""
@@ -197,13 +176,11 @@ class Metrics:
 # ---------------------------------------------------------------------------------------------------- server
 
 
-@dataclasses.dataclass
-class LLMServer:
-    proc: object
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    log_path: Path
+@dataclasses.dataclass(kw_only=True)
+class LLMServer(launcher.RunningServer):
+    """The launcher's running server (ports, URLs, log) with the session's repository, its variants, the front
+    door beside it, and metric helpers."""
+
     repository: Path
     variants: dict[str, dict[str, str]]
     frontend: Optional[object] = None  # the front door's process
@@ -212,19 +189,7 @@ class LLMServer:
     @property
     def openai_url(self) -> str:
         """The front door's OpenAI base URL (`http://127.0.0.1:<port>/v1`)."""
-        return f"http://127.0.0.1:{self.openai_port}/v1"
-
-    @property
-    def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{launcher.url_host(self.host)}:{self.openai_port}/v1"
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=10) as resp:
@@ -270,7 +235,7 @@ class LLMServer:
         return self.proc.poll() is None
 
     def log_tail(self, lines: int = 80) -> str:
-        return serve.log_tail(self.log_path, lines)
+        return launcher.log_tail(self.log_path, lines)
 
 
 def is_idle(m: Metrics, model: str) -> bool:
@@ -286,10 +251,10 @@ def server(tmp_path_factory) -> LLMServer:
     """The session's tritonserver with every model of VARIANTS loaded."""
     global _LOG_PATH
     try:
-        serve.site_packages()
+        launcher.site_packages()
     except FileNotFoundError as e:
         pytest.skip(f"no tritonserver: {e}")
-    if not (serve.BACKEND_DIR / "python" / "triton_python_backend_stub").is_file():
+    if not (launcher.BACKEND_DIR / "python" / "triton_python_backend_stub").is_file():
         pytest.skip("the Triton backend directory .triton/backends is missing: run `make triton`")
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip(f"no model at {MODEL_DIR}: run `make model`")
@@ -297,33 +262,34 @@ def server(tmp_path_factory) -> LLMServer:
     repository = write_model_repository(base / "model_repository", VARIANTS)
     log_path = base / "tritonserver.log"
     _LOG_PATH = log_path
-    ports = [serve.free_port() for _ in range(3)]
-    proc = serve.start_server(repository, *ports, log_path)
+    ports = [launcher.free_port() for _ in range(3)]
+    proc = launcher.start_server(repository, *ports, log_path)
     frontend = None
     # Compute the common reference outputs while the server loads its models.
     stop_prefetch = threading.Event()
     prefetch = threading.Thread(target=_prefetch_reference, args=(tmp_path_factory, stop_prefetch), daemon=True)
     prefetch.start()
     try:
-        serve.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "600")))
-        openai_port = serve.free_port()
-        frontend = serve.start_frontend(
+        launcher.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "600")))
+        openai_port = launcher.free_port()
+        frontend = launcher.start_frontend(
             f"127.0.0.1:{ports[1]}", openai_port, base / "frontend.log", models=FRONTEND_MODELS,
             model_dir=MODEL_DIR, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
         )
-        srv = LLMServer(proc, *ports, log_path, repository, VARIANTS, frontend, openai_port)
+        srv = LLMServer(proc, *ports, log_path, repository=repository, variants=VARIANTS, frontend=frontend,
+                        openai_port=openai_port)
         m = srv.metrics()
         missing = [name for name in VARIANTS if not m.has("llm_kv_cache_blocks_total", name)]
         assert not missing, f"no metrics for model(s) {missing}; log tail:\n{srv.log_tail()}"
-        serve.wait_until_frontend_ready(openai_port, frontend, 120)
+        launcher.wait_until_frontend_ready(openai_port, frontend, 120)
         yield srv
         check_no_kv_block_leaks(srv)  # after the last test that used the server, whatever the order
     finally:
         if frontend is not None:
-            serve.stop_server(frontend, timeout_s=10)
+            launcher.stop_server(frontend, timeout_s=10)
         stop_prefetch.set()
         prefetch.join(timeout=60)  # torch must not be mid-computation when the interpreter exits
-        code = serve.stop_server(proc)
+        code = launcher.stop_server(proc)
         sys.stderr.write(f"\n[integration] tritonserver stopped (exit code {code}); log: {log_path}\n")
 
 
@@ -352,100 +318,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     terminalreporter.section("tritonserver log tail")
     terminalreporter.write_line(f"(full log: {_LOG_PATH})")
-    lines = [line for line in serve.log_tail(_LOG_PATH, 400).splitlines()
+    lines = [line for line in launcher.log_tail(_LOG_PATH, 400).splitlines()
              if line.strip() and not line.startswith(("|", "+-")) and "Loading weights" not in line]
     terminalreporter.write_line("\n".join(lines[-60:]))
 
 
 # ------------------------------------------------------------------------------------------------- reference
-
-
-@dataclasses.dataclass(frozen=True)
-class RefOutput:
-    token_ids: list[int]
-    text: str  # decoded like the server (special tokens skipped)
-
-
-class Reference:
-    """Hugging Face greedy outputs, one prompt at a time (batch 1, no padding), cached in a JSON file."""
-
-    def __init__(self, cache_path: Path):
-        self.cache_path = cache_path
-        self._lock = threading.Lock()
-        self._model = None
-        self._tokenizer = None
-        self._fingerprint = _model_fingerprint()
-        self._cache: dict[str, dict] = {}
-        if cache_path.exists():
-            try:
-                data = json.loads(cache_path.read_text())
-                if data.get("fingerprint") == self._fingerprint:
-                    self._cache = data["entries"]
-            except (ValueError, KeyError):
-                pass
-
-    @staticmethod
-    def _key(prompt: str, max_tokens: int) -> str:
-        return f"{max_tokens}\x00{prompt}"
-
-    def _load(self):
-        if self._model is None:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
-            self._model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
-        return self._model, self._tokenizer
-
-    @property
-    def tokenizer(self):
-        """The model's Hugging Face tokenizer."""
-        return self._load()[1]
-
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """Prompt token ids as the server makes them (`tokenizer(prompt).input_ids`)."""
-        return self.tokenizer(prompt).input_ids
-
-    def get(self, prompt: str, max_tokens: int) -> RefOutput:
-        return self.many([(prompt, max_tokens)])[0]
-
-    def many(self, cases: list[tuple[str, int]], stop: Optional[threading.Event] = None) -> list[RefOutput]:
-        """Reference outputs of (prompt, max_tokens) cases; `stop` (set) abandons the work between cases."""
-        with self._lock:
-            missing = [c for c in dict.fromkeys(cases) if self._key(*c) not in self._cache]
-            if missing:
-                import torch
-
-                model, tok = self._load()
-                for prompt, max_tokens in missing:
-                    if stop is not None and stop.is_set():
-                        return []
-                    ids = tok(prompt, return_tensors="pt").input_ids
-                    with torch.inference_mode():
-                        out = model.generate(
-                            ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                            max_new_tokens=max_tokens, pad_token_id=tok.eos_token_id,
-                        )
-                    new = out[0, ids.shape[1]:].tolist()
-                    text = tok.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-                    self._cache[self._key(prompt, max_tokens)] = {"token_ids": new, "text": text}
-                tmp = self.cache_path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"fingerprint": self._fingerprint, "entries": self._cache}))
-                tmp.replace(self.cache_path)
-            return [RefOutput(**self._cache[self._key(*c)]) for c in cases]
-
-
-def _model_fingerprint() -> str:
-    h = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json", "generation_config.json"):
-        p = MODEL_DIR / name
-        if p.exists():
-            h.update(p.read_bytes())
-    weights = MODEL_DIR / "model.safetensors"
-    if weights.exists():
-        st = weights.stat()
-        h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
 
 
 _REFERENCE: Optional[Reference] = None
@@ -459,7 +337,7 @@ def session_reference(tmp_path_factory) -> Reference:
         if _REFERENCE is None:
             cache = os.environ.get("LLM_REFERENCE_CACHE")
             path = Path(cache) if cache else tmp_path_factory.mktemp("reference") / "hf_greedy.json"
-            _REFERENCE = Reference(path)
+            _REFERENCE = Reference.shared(MODEL_DIR, "float32", cache_path=path)
         return _REFERENCE
 
 

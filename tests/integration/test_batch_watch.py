@@ -13,9 +13,9 @@ import uuid
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from llm_testlib import raise_first_error, run_concurrently
 
 from client.api import generate_http
+from testkit.concurrency import raise_first_error, run_concurrently
 
 WATCH = {"batch_view": True}
 

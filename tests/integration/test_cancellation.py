@@ -5,7 +5,7 @@ import time
 import pytest
 
 from client import generate_grpc, generate_http, stream_grpc, stream_http
-from llm_testlib import MIXED_CASES
+from testkit.prompts import MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

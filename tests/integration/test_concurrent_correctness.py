@@ -3,7 +3,9 @@ over gRPC streaming, HTTP generate and HTTP generate_stream; and the engine real
 import pytest
 
 from client import collect_http, generate_http, stream_grpc
-from llm_testlib import LONG_PROMPT_TOKENS, MIXED_CASES, first_mismatch, raise_first_error, run_concurrently
+from testkit.concurrency import raise_first_error, run_concurrently
+from testkit.fidelity import first_mismatch
+from testkit.prompts import LONG_PROMPT_TOKENS, MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

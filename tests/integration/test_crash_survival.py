@@ -1,4 +1,4 @@
-"""The documented launch (`scripts/serve.py`, what `make serve` runs) survives what kills a Triton 2.51 server
+"""The documented launch (`llm-serve`, what `make serve` runs) survives what kills a Triton 2.51 server
 or model: the request body that segfaults its HTTP server, a dead engine thread, a killed Python stub. Each
 time the supervisor restarts tritonserver, readiness shows the gap, and the launch serves again within 60 s.
 
@@ -17,10 +17,10 @@ import urllib.request
 import psutil
 import pytest
 
-import serve
+import launcher
 from client import ServerError, generate_http, stream_grpc
 from conftest import REPO_ROOT, write_model_repository
-from supervisor import stub_processes
+from launcher.supervisor import stub_processes
 
 pytestmark = pytest.mark.integration
 
@@ -33,30 +33,30 @@ DEATH_MARKER = "<<KILL THE ENGINE>>"
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    """`python scripts/serve.py` on free ports over a one-model repository; yields (process, ports, output)."""
+    """`llm-serve` on free ports over a one-model repository; yields (process, ports, output)."""
     tmp_path = tmp_path_factory.mktemp("supervised")
     repository = write_model_repository(tmp_path / "repository", {
         "llm": {"dtype": "float32", "kv_cache_blocks": "128", "max_num_seqs": "4",
                 "fault_injection": f"engine_death:{DEATH_MARKER}"},
     })
-    ports = [serve.free_port() for _ in range(3)]
+    ports = [launcher.free_port() for _ in range(3)]
     output = tmp_path / "serve.out"
     with open(output, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(REPO_ROOT / "scripts" / "serve.py"), "--model-repository", str(repository),
+            [sys.executable, "-m", "launcher.serve", "--model-repository", str(repository),
              "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
             stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), start_new_session=True,
         )
     try:
         yield proc, ports, output
     finally:
-        serve.stop_server(proc, timeout_s=60)  # SIGINT: serve.py stops its tritonserver, then exits
+        launcher.stop_server(proc, timeout_s=60)  # SIGINT: llm-serve stops its tritonserver, then exits
 
 
 def wait_ready(port: int, proc, timeout_s: float, output) -> None:
     deadline = time.monotonic() + timeout_s
-    while not serve.is_ready(port):
-        assert proc.poll() is None, f"serve.py exited ({proc.returncode}):\n{output.read_text()[-4000:]}"
+    while not launcher.is_ready(port):
+        assert proc.poll() is None, f"llm-serve exited ({proc.returncode}):\n{output.read_text()[-4000:]}"
         assert time.monotonic() < deadline, f"not ready after {timeout_s} s:\n{output.read_text()[-4000:]}"
         time.sleep(0.1)
 
@@ -85,13 +85,13 @@ def recover(launch, started: float, what: str) -> float:
     saw_gap = False
     deadline = started + RECOVERY_LIMIT_S
     while time.monotonic() < deadline:
-        ready = serve.is_ready(http_port, timeout_s=0.5)
+        ready = launcher.is_ready(http_port, timeout_s=0.5)
         saw_gap = saw_gap or not ready
         if saw_gap and ready:
             break
         time.sleep(0.1)
     assert saw_gap, f"{what} did not take the server down"
-    assert serve.is_ready(http_port), f"not READY {RECOVERY_LIMIT_S} s after {what}:\n{output.read_text()[-4000:]}"
+    assert launcher.is_ready(http_port), f"not READY {RECOVERY_LIMIT_S} s after {what}:\n{output.read_text()[-4000:]}"
     good_request(http_port)
     recovered_s = time.monotonic() - started
     assert recovered_s < RECOVERY_LIMIT_S

@@ -1,18 +1,20 @@
 """The default model repository (quantization auto: the GGUF's own blocks with fp32 activations where our
 kernel runs, else bf16 + int4 where bf16 is native) with n-gram speculation, prefix caching and chunked prefill on: 24 concurrent greedy requests over gRPC streaming and over
 HTTP each equal Hugging Face's `generate` in the dtype `auto` picks on this machine: token for token in float32,
-up to a near-tie in bfloat16 (the rule in benchmarks/fidelity.py)."""
+up to a near-tie in bfloat16 (the rule in testkit/fidelity.py)."""
 import json
 
 import pytest
 import torch
+from conftest import MODEL_DIR
 
 from backend.model import kernels
 from backend.model.hardware import resolve_for_model
-from benchmarks.fidelity import HFReference, summarize
 from client import collect_http, stream_grpc
-from conftest import MODEL_DIR
-from llm_testlib import MIXED_CASES, raise_first_error, run_concurrently
+from testkit.concurrency import raise_first_error, run_concurrently
+from testkit.fidelity import summarize
+from testkit.hf_reference import HFReference
+from testkit.prompts import MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

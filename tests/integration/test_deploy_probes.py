@@ -16,9 +16,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import parse_prometheus
 
 from deploy import check
+from testkit.prometheus import parse_prometheus, samples
 
 _URL_RE = re.compile(r"http://127\.0\.0\.1:(\d+)(/[^\s'\"]*)")
 
@@ -115,7 +115,7 @@ def _selector(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def _samples(text: str, name: str, labels: dict[str, str]) -> list[float]:
-    return [v for (n, pairs), v in parse_prometheus(text).items() if n == name and set(labels.items()) <= set(pairs)]
+    return samples(parse_prometheus(text), name, **labels)
 
 
 def test_scrape_is_one_valid_exposition(scraped):

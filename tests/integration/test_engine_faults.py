@@ -15,7 +15,9 @@ import urllib.request
 import pytest
 
 from client import ServerError, generate_grpc, generate_http, stream_grpc
-from llm_testlib import MIXED_CASES, first_mismatch, run_concurrently
+from testkit.concurrency import run_concurrently
+from testkit.fidelity import first_mismatch
+from testkit.prompts import MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

@@ -83,7 +83,6 @@ def test_locust_headless_run(server, tmp_path):
 def test_workload_files_and_distributions(tmp_path):
     import random
 
-    sys.path.insert(0, str(REPO_ROOT))
     from loadtest.workload import LengthDistribution, Workload, load_prompts
 
     jsonl = tmp_path / "p.jsonl"

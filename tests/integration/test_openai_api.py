@@ -14,11 +14,14 @@ import urllib.request
 import openai
 import pytest
 import torch
+from conftest import MODEL_DIR
+from llm_testlib import post, sse_events
 
 from backend.model.hardware import resolve_for_model
-from benchmarks.fidelity import HFReference, summarize
-from conftest import MODEL_DIR
-from llm_testlib import MIXED_CASES, post, raise_first_error, run_concurrently, sse_events
+from testkit.concurrency import raise_first_error, run_concurrently
+from testkit.fidelity import summarize
+from testkit.hf_reference import HFReference
+from testkit.prompts import MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import serve
+import launcher
 from conftest import MODEL_DIR
 from llm_testlib import post
 
@@ -185,11 +185,11 @@ def test_a_multi_prompt_request_is_queued_whole_or_not_at_all(server, client):
 def test_the_api_key_guards_every_openai_route(server, monkeypatch, tmp_path):
     key = "k-" + "7" * 30
     monkeypatch.setenv("LLM_API_KEY", key)
-    port = serve.free_port()
+    port = launcher.free_port()
     log = tmp_path / "frontend.log"
-    proc = serve.start_frontend(server.grpc_url, port, log, models=("llm",), model_dir=MODEL_DIR)
+    proc = launcher.start_frontend(server.grpc_url, port, log, models=("llm",), model_dir=MODEL_DIR)
     try:
-        serve.wait_until_frontend_ready(port, proc, 120)
+        launcher.wait_until_frontend_ready(port, proc, 120)
         base = f"http://127.0.0.1:{port}/v1"
         with pytest.raises(openai.AuthenticationError) as info:
             openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
@@ -203,7 +203,7 @@ def test_the_api_key_guards_every_openai_route(server, monkeypatch, tmp_path):
         assert post(plain, "/v1/batch/stream", None, method="GET")[0] == 401
         assert post(plain, "/health", None, method="GET")[0] == 200
     finally:
-        serve.stop_server(proc, timeout_s=10)
+        launcher.stop_server(proc, timeout_s=10)
     assert key not in log.read_text()
 
 

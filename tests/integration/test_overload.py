@@ -4,7 +4,7 @@ import time
 import pytest
 
 from client import ServerError, generate_grpc
-from llm_testlib import run_concurrently
+from testkit.concurrency import run_concurrently
 
 pytestmark = pytest.mark.integration
 

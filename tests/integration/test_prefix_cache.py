@@ -9,7 +9,7 @@ import time
 import pytest
 
 from client import stream_grpc
-from llm_testlib import first_mismatch
+from testkit.fidelity import first_mismatch
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,8 @@
 import pytest
 
 from client import generate_grpc, generate_http, stream_grpc
-from llm_testlib import MIXED_CASES, raise_first_error, run_concurrently
+from testkit.concurrency import raise_first_error, run_concurrently
+from testkit.prompts import MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

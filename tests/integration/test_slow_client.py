@@ -11,7 +11,9 @@ import psutil
 import pytest
 
 from client import generate_grpc
-from llm_testlib import MIXED_CASES, first_mismatch, run_concurrently
+from testkit.concurrency import run_concurrently
+from testkit.fidelity import first_mismatch
+from testkit.prompts import MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,9 @@ equals transformers `generate` for 24 concurrent prompts; an identical draft is 
 import pytest
 
 from client import stream_grpc
-from llm_testlib import MIXED_CASES, first_mismatch, raise_first_error, run_concurrently
+from testkit.concurrency import raise_first_error, run_concurrently
+from testkit.fidelity import first_mismatch
+from testkit.prompts import MIXED_CASES
 
 pytestmark = pytest.mark.integration
 

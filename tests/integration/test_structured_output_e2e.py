@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from client import ServerError, generate_grpc, generate_http
-from llm_testlib import raise_first_error, run_concurrently
+from testkit.concurrency import raise_first_error, run_concurrently
 
 pytestmark = pytest.mark.integration
 

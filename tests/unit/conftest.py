@@ -89,41 +89,20 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def hf_model_cache():
-    """path -> the Hugging Face model (eager attention), loaded once."""
-    cache = {}
+    """path -> the Hugging Face model (float32, eval mode), loaded once (testkit.hf_reference's cache)."""
+    from testkit.hf_reference import HFReference
 
-    def get(path: str):
-        if path not in cache:
-            from transformers import AutoModelForCausalLM
-
-            cache[path] = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
-        return cache[path]
-
-    return get
+    return lambda path: HFReference.shared(path).model
 
 
 @pytest.fixture(scope="session")
-def hf_greedy(hf_model_cache):
-    """(path, prompt ids, max_new_tokens) -> the new tokens of HF greedy `generate`, stopping after EOS."""
-    import torch
-
-    memo: dict = {}
+def hf_greedy():
+    """(path, prompt ids, max_new_tokens) -> the new tokens of HF greedy `generate` (float32), stopping after EOS
+    (testkit.hf_reference: the one reference, memoized)."""
+    from testkit.hf_reference import HFReference
 
     def run(path: str, prompt_ids: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
-        key = (path, tuple(prompt_ids), max_new_tokens, stop_at_eos)
-        if key not in memo:
-            model = hf_model_cache(path)
-            ids = torch.tensor([prompt_ids])
-            with torch.no_grad():
-                out = model.generate(
-                    ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                    eos_token_id=EOS_ID if stop_at_eos else None, pad_token_id=EOS_ID,
-                )
-            new = out[0, len(prompt_ids):].tolist()
-            if stop_at_eos and EOS_ID in new:
-                new = new[: new.index(EOS_ID) + 1]
-            memo[key] = new
-        return list(memo[key])
+        return HFReference.shared(path).greedy(prompt_ids, max_new_tokens, stop_at_eos=stop_at_eos)
 
     return run
 

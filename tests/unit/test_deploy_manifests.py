@@ -20,8 +20,7 @@ import yaml
 from deploy import check
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT / "deploy"))
-import launch  # noqa: E402
+from deploy import launch
 
 OVERLAYS = {p.name: p for p in check.overlays()}
 
@@ -112,14 +111,14 @@ def test_the_epp_names_our_gauges(rendered):
         "runningRequestsSpec": 'llm_requests_running{model="llm"}',
         "kvUsageSpec": 'llm_kv_cache_usage_ratio{model="llm"}',
     }
-    from backend.metrics import GAUGES
+    from backend.core.metrics import GAUGES
 
     for spec in specs["triton-llm"].values():
         assert spec.split("{")[0] in GAUGES, spec
 
 
 def test_the_adapter_rule_names_an_engine_gauge():
-    from backend.metrics import GAUGES
+    from backend.core.metrics import GAUGES
 
     for rule in check.adapter_rules():
         series = rule["seriesQuery"].split("{")[0].strip("'\"")

@@ -1,4 +1,4 @@
-"""scripts/supervisor.py: restarts a server process that exits unexpectedly, with bounded back-off, one that
+"""launcher/supervisor.py: restarts a server process that exits unexpectedly, with bounded back-off, one that
 lost a Python stub, and one whose model reports a dead engine; stops on request."""
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from supervisor import Supervisor, dead_engines, describe_exit, stub_processes  # noqa: E402
+from launcher.supervisor import Supervisor, dead_engines, describe_exit, stub_processes
 
 
 def python(code: str) -> subprocess.Popen:

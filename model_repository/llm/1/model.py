@@ -7,17 +7,11 @@ thread never waits on a round trip to the server.
 import dataclasses
 import json
 import logging
-import sys
 import uuid
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-try:
-    import backend  # noqa: F401  (installed, or on PYTHONPATH)
-except ImportError:  # running from a checkout: the repository root is three levels up
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from backend.core.config import EngineConfig
 from backend.core.metrics import PeriodicPublisher, TritonMetricsSink

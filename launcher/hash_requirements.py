@@ -1,6 +1,6 @@
 """Add the sha256 of every pinned package in requirements.txt, for `pip install --require-hashes`.
 
-    .venv/bin/python scripts/hash_requirements.py [requirements.txt]
+    .venv/bin/llm-hash-requirements [requirements.txt]
 
 A pin that already carries a hash keeps it; for the others, one `pip download --no-deps` fetches the files pip
 would install on this platform (wheels; a wheel on local disk where pip's find-links has one, as for the CPU
@@ -38,7 +38,9 @@ def download(pins: list[str]) -> dict[str, str]:
         return {normalized(wheel.name.split("-")[0]): sha256(wheel) for wheel in Path(tmp).glob("*.whl")}
 
 
-def main(path: Path) -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    path = Path(argv[0] if argv else "requirements.txt")
     lines = path.read_text().splitlines()
     missing = [f"{m.group(1)}=={m.group(2)}" for m in map(PIN.match, lines) if m and "--hash=" not in m.string]
     hashes = download(missing) if missing else {}
@@ -56,4 +58,4 @@ def main(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "requirements.txt"))
+    main()
