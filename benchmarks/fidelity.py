@@ -10,6 +10,7 @@ than `MAX_LOGIT_GAP` apart. (bf16 logits near 16 are 0.125 apart, and three-way 
 It also measures batch invariance: how often a completion (greedy, and seeded sampling) differs between
 running alone and inside the busy batch of all 24.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def _engine(model_dir: Path, dtype: str, quantization: str, draft_model: str, k: int):
     from backend import EngineConfig, LLMEngine
 
-    return LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, quantization=quantization,
-                                  draft_model=draft_model, num_speculative_tokens=k, max_num_batched_tokens=64))
+    return LLMEngine(
+        EngineConfig(
+            model=str(model_dir),
+            dtype=dtype,
+            quantization=quantization,
+            draft_model=draft_model,
+            num_speculative_tokens=k,
+            max_num_batched_tokens=64,
+        )
+    )
 
 
 def complete(engine, cases: list[tuple[str, int]], extras: list[dict]) -> list:
@@ -85,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = run_engine_check(engine, Path(args.model), args.dtype)
     print(f"{args.dtype} quantization={args.quantization}: {summarize(verdicts)}")
     differ = batch_invariance(engine)
-    print(f"batch invariance (alone vs in the busy batch of {len(MIXED_CASES)}): greedy {differ['greedy']} differ, "
-          f"seeded sampling {differ['seeded']} differ")
+    print(
+        f"batch invariance (alone vs in the busy batch of {len(MIXED_CASES)}): greedy {differ['greedy']} differ, "
+        f"seeded sampling {differ['seeded']} differ"
+    )
     return 0 if all(v.near_tie for v in verdicts) else 1
 
 

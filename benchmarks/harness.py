@@ -1,5 +1,6 @@
 """What every comparison of the benchmark report shares: settings, the machine, the live server, the models,
 the targets, and `Bench`, the context each section module's `run(bench)` gets."""
+
 from __future__ import annotations
 
 import datetime
@@ -34,10 +35,13 @@ SEED_MODEL = "llm_seq8"  # section 1: max_num_seqs 8
 FP32_MODEL = "llm_fp32"  # section 2's fp32 rows
 BF16_INT4_MODEL = "llm_bf16_int4"  # section 7: the bf16 + int4 path the default takes on AMX CPUs
 THREADS_MODELS = {1: "llm_threads1", 2: "llm_threads2"}  # section 7: the served configuration at 1 / 2 threads
-VARIANTS = {MAIN_MODEL: {}, SEED_MODEL: {"max_num_seqs": "8"},
-            FP32_MODEL: {"dtype": "float32", "quantization": "none"},
-            BF16_INT4_MODEL: {"dtype": "bfloat16", "quantization": "int4"},
-            **{name: {"num_threads": str(n)} for n, name in THREADS_MODELS.items()}}
+VARIANTS = {
+    MAIN_MODEL: {},
+    SEED_MODEL: {"max_num_seqs": "8"},
+    FP32_MODEL: {"dtype": "float32", "quantization": "none"},
+    BF16_INT4_MODEL: {"dtype": "bfloat16", "quantization": "int4"},
+    **{name: {"num_threads": str(n)} for n, name in THREADS_MODELS.items()},
+}
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -71,17 +75,53 @@ class Settings:
 
 def make_settings(args) -> Settings:
     if args.quick:
-        s = Settings(threads=args.threads, engine_threads=args.engine_threads, peer_threads=args.peer_threads, max_tokens=8, concurrency=[1, 4], load_levels=[1, 2, 4],
-                     requests_per_stream=2, load_requests_per_stream=2, load_min_requests=2, min_requests=2,
-                     seed_requests=16, seed_token_scale=1 / 16, seed_repeats=[1], repeats=1, roofline_batch=8,
-                     decode_steps=4, profile_steps=2, decode_tokens=16, decode_requests=1,
-                     llama_bench_repetitions=1, quick=True)
+        s = Settings(
+            threads=args.threads,
+            engine_threads=args.engine_threads,
+            peer_threads=args.peer_threads,
+            max_tokens=8,
+            concurrency=[1, 4],
+            load_levels=[1, 2, 4],
+            requests_per_stream=2,
+            load_requests_per_stream=2,
+            load_min_requests=2,
+            min_requests=2,
+            seed_requests=16,
+            seed_token_scale=1 / 16,
+            seed_repeats=[1],
+            repeats=1,
+            roofline_batch=8,
+            decode_steps=4,
+            profile_steps=2,
+            decode_tokens=16,
+            decode_requests=1,
+            llama_bench_repetitions=1,
+            quick=True,
+        )
     else:
-        s = Settings(threads=args.threads, engine_threads=args.engine_threads, peer_threads=args.peer_threads, max_tokens=64, concurrency=[1, 8, 32],
-                     load_levels=[1, 2, 4, 8, 16, 32, 64], requests_per_stream=2, load_requests_per_stream=1.5,
-                     load_min_requests=8, min_requests=4, seed_requests=32, seed_token_scale=1.0,
-                     seed_repeats=[1, 2], repeats=2, roofline_batch=32, decode_steps=16, profile_steps=4,
-                     decode_tokens=128, decode_requests=3, llama_bench_repetitions=5, quick=False)
+        s = Settings(
+            threads=args.threads,
+            engine_threads=args.engine_threads,
+            peer_threads=args.peer_threads,
+            max_tokens=64,
+            concurrency=[1, 8, 32],
+            load_levels=[1, 2, 4, 8, 16, 32, 64],
+            requests_per_stream=2,
+            load_requests_per_stream=1.5,
+            load_min_requests=8,
+            min_requests=4,
+            seed_requests=32,
+            seed_token_scale=1.0,
+            seed_repeats=[1, 2],
+            repeats=2,
+            roofline_batch=32,
+            decode_steps=16,
+            profile_steps=4,
+            decode_tokens=128,
+            decode_requests=3,
+            llama_bench_repetitions=5,
+            quick=False,
+        )
     for name in ("max_tokens", "repeats", "roofline_batch", "decode_steps"):
         if getattr(args, name, None):
             setattr(s, name, getattr(args, name))
@@ -142,13 +182,21 @@ DECODE_PROFILE = "Decode step profile (section 4)"
 TRITON_STEPS = "Engine steps in-process vs through Triton (section 3)"
 GOALS = {
     "P2": Goal(2, "output tok/s, ours through Triton / transformers continuous batching", 2.0, bound=DECODE_PROFILE),
-    "P7": Goal(3, "Triton path overhead (in-process tok/s / Triton tok/s - 1)", 0.10, at_most=True, percent=True,
-               bound=TRITON_STEPS),
+    "P7": Goal(
+        3,
+        "Triton path overhead (in-process tok/s / Triton tok/s - 1)",
+        0.10,
+        at_most=True,
+        percent=True,
+        bound=TRITON_STEPS,
+    ),
     "P8": Goal(6, "batch-1 decode tok/s, ours through Triton / llama-bench", 0.5, bound=DECODE_PROFILE),
-    "P1": Goal(1, "seed workload wall time, static HF generate / ours (the queue run twice)", 2.5,
-               bound=DECODE_PROFILE),
-    "P5": Goal(4, "batch-1 decode, share of the memory ceiling (bytes read per step)", 0.5, percent=True,
-               bound=DECODE_PROFILE),
+    "P1": Goal(
+        1, "seed workload wall time, static HF generate / ours (the queue run twice)", 2.5, bound=DECODE_PROFILE
+    ),
+    "P5": Goal(
+        4, "batch-1 decode, share of the memory ceiling (bytes read per step)", 0.5, percent=True, bound=DECODE_PROFILE
+    ),
     "P6": Goal(4, "large-batch decode, share of the compute ceiling", 0.4, percent=True, bound=DECODE_PROFILE),
     "P9": Goal(6, "output tok/s at 32 streams, ours through Triton / llama-server", 1.0, bound=DECODE_PROFILE),
 }
@@ -159,8 +207,21 @@ SUMMARY_ORDER = ("P2", "P7", "P8", "P1", "P5", "P6", "P9")
 
 
 # The CPU flags that decide our fast paths (and llama.cpp's), recorded with every report.
-REPORTED_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-                  "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+REPORTED_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def machine_info(threads: int) -> dict:
@@ -182,11 +243,16 @@ def machine_info(threads: int) -> dict:
     flags = cpu_flags_of_this_machine()
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host_cpu": cpu, "logical_cpus": os.cpu_count(), "memory_gib": round(mem_gib, 1),
+        "host_cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
         "cpu_flags": [f for f in REPORTED_FLAGS if f in flags],
         "kernel_isa": kernels.ISA_NAMES[kernels.best_isa()],
-        "torch_threads": threads, "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "platform": platform.platform(),
+        "torch_threads": threads,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -247,8 +313,10 @@ class Server:
             metrics = prometheus.scrape(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout_s=5)
         except OSError:
             return math.nan, math.nan
-        steps, sequences = ([*prometheus.samples(metrics, name, model=model), math.nan][0]
-                            for name in ("llm_engine_steps_total", "llm_step_num_sequences_sum"))
+        steps, sequences = (
+            [*prometheus.samples(metrics, name, model=model), math.nan][0]
+            for name in ("llm_engine_steps_total", "llm_step_num_sequences_sum")
+        )
         return steps, sequences
 
     def log_tail(self) -> str:
@@ -334,8 +402,16 @@ class Bench:
         """Record a measurement against its goal; returns the verdict text for the section's own table."""
         goal = GOALS[goal_id]
         met = goal.met(value)
-        self.results["targets"].append({"id": goal_id, "condition": condition, "value": value,
-                                        "measured": goal.show(value), "target": goal.text, "met": met})
+        self.results["targets"].append(
+            {
+                "id": goal_id,
+                "condition": condition,
+                "value": value,
+                "measured": goal.show(value),
+                "target": goal.text,
+                "met": met,
+            }
+        )
         return f"**{goal.show(value)}** ({'met' if met else 'NOT met'})"
 
     def verdict(self, goal_id: str, value: float, condition: str, counts: bool = True) -> str:
@@ -377,20 +453,29 @@ def ms(seconds: float | None) -> str:
 def load_summary(r: LoadResult) -> dict:
     """A run's throughput and latency percentiles, as results.json keeps them."""
     return {
-        "wall_s": r.wall_s, "requests": r.num_requests, "output_tokens": r.output_tokens,
-        "tokens_per_s": r.tokens_per_s, "requests_per_s": r.requests_per_s,
-        "ttft_p50_s": percentile(r.ttft_s, 50), "ttft_p99_s": percentile(r.ttft_s, 99),
-        "itl_p50_s": percentile(r.itl_s, 50), "itl_p99_s": percentile(r.itl_s, 99),
-        "e2e_p50_s": percentile(r.e2e_s, 50), "e2e_p99_s": percentile(r.e2e_s, 99),
-        "engine_steps": r.engine_steps, "step_sequences": r.step_sequences,
+        "wall_s": r.wall_s,
+        "requests": r.num_requests,
+        "output_tokens": r.output_tokens,
+        "tokens_per_s": r.tokens_per_s,
+        "requests_per_s": r.requests_per_s,
+        "ttft_p50_s": percentile(r.ttft_s, 50),
+        "ttft_p99_s": percentile(r.ttft_s, 99),
+        "itl_p50_s": percentile(r.itl_s, 50),
+        "itl_p99_s": percentile(r.itl_s, 99),
+        "e2e_p50_s": percentile(r.e2e_s, 50),
+        "e2e_p99_s": percentile(r.e2e_s, 99),
+        "engine_steps": r.engine_steps,
+        "step_sequences": r.step_sequences,
     }
 
 
 def versus_row(first_cells: list, ours: LoadResult, theirs: LoadResult, verdict: str) -> str:
     """A table row comparing two runs of one workload: the first cells, ours and their tok/s, the verdict, and
     p50 TTFT and ITL as ours / theirs."""
-    pairs = [f"{ms(percentile(getattr(ours, k), 50))} / {ms(percentile(getattr(theirs, k), 50))}"
-             for k in ("ttft_s", "itl_s")]
+    pairs = [
+        f"{ms(percentile(getattr(ours, k), 50))} / {ms(percentile(getattr(theirs, k), 50))}"
+        for k in ("ttft_s", "itl_s")
+    ]
     cells = [*first_cells, f"{ours.tokens_per_s:.1f}", f"{theirs.tokens_per_s:.1f}", verdict, *pairs]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 

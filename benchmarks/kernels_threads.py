@@ -1,5 +1,6 @@
 """Section 7: our low-bit kernel against the dense fp32 GEMM per step size, the served paths through Triton
 (the exact GGUF path against bf16 + int4, where bf16 is native), and 1 against 2 torch threads."""
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ def kernel_rows(engine, threads: list[int]) -> tuple[list[str], dict]:
     if not layers:
         return ["The served model has no low-bit layers here (no GGUF blocks or no kernel): nothing to time."], {}
     saved = [(lin.isa, lin.max_m) for lin in layers]
-    paths = {"dense fp32": (0, 0)} | {f"ours, {kernels.ISA_NAMES[i]}": (i, 1 << 30)
-                                      for i in (1, 2) if i <= kernels.best_isa()}
+    paths = {"dense fp32": (0, 0)} | {
+        f"ours, {kernels.ISA_NAMES[i]}": (i, 1 << 30) for i in (1, 2) if i <= kernels.best_isa()
+    }
     data: dict = {}
     try:
         for n in threads:
@@ -49,8 +51,10 @@ def served_rows(bench: Bench, variants: dict[str, str]) -> tuple[list[str], dict
     first = next(iter(variants))
     lines = [f"| path | {' | '.join(f'{c} streams' for c in s.concurrency)} |", f"|---|{'---|' * len(s.concurrency)}"]
     for label, rates in data.items():
-        cells = [f"{rates[c]:.1f}" + ("" if label == first else f" ({rates[c] / data[first][c]:.2f}x)")
-                 for c in s.concurrency]
+        cells = [
+            f"{rates[c]:.1f}" + ("" if label == first else f" ({rates[c] / data[first][c]:.2f}x)")
+            for c in s.concurrency
+        ]
         lines.append(f"| {label} | {' | '.join(cells)} |")
     return lines, data
 
@@ -61,14 +65,23 @@ def run(bench: Bench) -> list[str]:
     log("7: linear layers per step size")
     kernel_lines, kernel_data = kernel_rows(engine, sorted({1, s.peer_threads}))
     torch.set_num_threads(s.threads)
-    served = {f"served default ({MAIN_MODEL}: {engine.config.dtype}, quantization {engine.config.quantization})":
-              MAIN_MODEL, "bf16 + int4": BF16_INT4_MODEL}
+    served = {
+        f"served default ({MAIN_MODEL}: {engine.config.dtype}, quantization {engine.config.quantization})": MAIN_MODEL,
+        "bf16 + int4": BF16_INT4_MODEL,
+    }
     served_lines, served_data = served_rows(bench, served)
-    thread_lines, thread_data = served_rows(bench, {"default (every core for one sequence, else all but one)":
-                                                    MAIN_MODEL, **{f"{n} thread(s)": v
-                                                                   for n, v in THREADS_MODELS.items()}})
-    bench.results["sections"]["7"] = {"linear_ms": kernel_data, "served_tok_s": served_data,
-                                      "threads_tok_s": thread_data}
+    thread_lines, thread_data = served_rows(
+        bench,
+        {
+            "default (every core for one sequence, else all but one)": MAIN_MODEL,
+            **{f"{n} thread(s)": v for n, v in THREADS_MODELS.items()},
+        },
+    )
+    bench.results["sections"]["7"] = {
+        "linear_ms": kernel_data,
+        "served_tok_s": served_data,
+        "threads_tok_s": thread_data,
+    }
     return [
         "Linear layers of one decode step (every decoder projection and the LM head), median ms of a pass at M "
         "rows, in process: the dense fp32 GEMM (torch) against our kernel on the model's own GGUF blocks, on each "
@@ -84,8 +97,8 @@ def run(bench: Bench) -> list[str]:
         *served_lines,
         "",
         "The served configuration with its default threads (`num_threads: 0`: every core for a step of one "
-        "sequence, every core but one for larger steps, leaving a core to Triton's own threads; backend/model/hardware.py "
-        "`serving_threads`) and fixed at 1 and 2 torch threads, same workload.",
+        "sequence, every core but one for larger steps, leaving a core to Triton's own threads; "
+        "backend/model/hardware.py `serving_threads`) and fixed at 1 and 2 torch threads, same workload.",
         "",
         *thread_lines,
     ]

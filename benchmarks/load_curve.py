@@ -1,5 +1,6 @@
 """Section 5: throughput and latency percentiles of the served configuration as concurrent streams grow
 past max_num_seqs."""
+
 from __future__ import annotations
 
 from benchmarks.harness import MAIN_MODEL, Bench, engine_parameters, load_summary, log, ms, throughput_requests
@@ -14,9 +15,11 @@ def run(bench: Bench) -> list[str]:
         requests = throughput_requests(s, c, load=True)
         log(f"5: {c} streams, {len(requests)} requests")
         d = data[c] = load_summary(bench.server.run(MAIN_MODEL, requests, c))
-        rows.append(f"| {c} | {len(requests)} | {d['tokens_per_s']:.1f} | {d['requests_per_s']:.2f} | "
-                    f"{ms(d['ttft_p50_s'])} | {ms(d['ttft_p99_s'])} | {ms(d['itl_p50_s'])} | "
-                    f"{ms(d['itl_p99_s'])} | {ms(d['e2e_p50_s'])} |")
+        rows.append(
+            f"| {c} | {len(requests)} | {d['tokens_per_s']:.1f} | {d['requests_per_s']:.2f} | "
+            f"{ms(d['ttft_p50_s'])} | {ms(d['ttft_p99_s'])} | {ms(d['itl_p50_s'])} | "
+            f"{ms(d['itl_p99_s'])} | {ms(d['e2e_p50_s'])} |"
+        )
     bench.results["sections"]["5"] = data
     max_seqs = int(engine_parameters(s.threads).get("max_num_seqs", 32))
     best = max(data, key=lambda c: data[c]["tokens_per_s"])
@@ -33,8 +36,12 @@ def run(bench: Bench) -> list[str]:
         *rows,
         "",
         f"Peak throughput {data[best]['tokens_per_s']:.1f} tok/s at {best} streams."
-        + (f" Past {max_seqs} streams (max_num_seqs) the extra requests wait in the queue: TTFT grows with "
-           "the wait while throughput can grow no further." if max(data) > max_seqs else ""),
+        + (
+            f" Past {max_seqs} streams (max_num_seqs) the extra requests wait in the queue: TTFT grows with "
+            "the wait while throughput can grow no further."
+            if max(data) > max_seqs
+            else ""
+        ),
         "",
         bench.plot(_figure(data, max_seqs), "load_curve.png"),
     ]

@@ -1,5 +1,6 @@
 """Section 4: decode tokens/s against the machine's ceilings, for the bytes the served engine actually reads per
 step, and a torch.profiler breakdown of a decode step (the table that shows what bounds a missed target)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -83,8 +84,9 @@ def _decode_setup(engine, batch: int, steps: int) -> None:
 
     for i in range(batch):
         params = SamplingParams.from_dict({**GREEDY, "max_tokens": steps + 1})
-        engine.add_request(engine.build_request(f"decode-{time.perf_counter_ns()}-{i}", PROMPTS[i % len(PROMPTS)],
-                                                params, stream=True))
+        engine.add_request(
+            engine.build_request(f"decode-{time.perf_counter_ns()}-{i}", PROMPTS[i % len(PROMPTS)], params, stream=True)
+        )
     started: set[str] = set()
     while len(started) < batch:
         started.update(out.request_id for out in engine.step() if any(s.token_ids for s in out.samples))
@@ -139,34 +141,61 @@ _LABELS = {
 MATMUL = "matmuls (linear layers, lm_head)"
 FORWARD_PYTHON = "model forward: Python"
 FORWARD_OTHER = "model forward: other ops (norms, RoPE, activations, embedding)"
-_MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
-               "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int8pack_mm", "mkldnn::_linear_pointwise"}
-_ORDER = [MATMUL, _LABELS["llm.lowbit"], _LABELS["llm.attention"], _LABELS["llm.layer_ops"], FORWARD_OTHER, FORWARD_PYTHON, _LABELS["llm.metadata"],
-          _LABELS["llm.sampling"], _LABELS["llm.append"], _LABELS["llm.scheduler"], _LABELS["llm.collect"],
-          _LABELS["llm.step"]]
+_MATMUL_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::_weight_int4pack_mm_for_cpu",
+    "aten::_weight_int8pack_mm",
+    "mkldnn::_linear_pointwise",
+}
+_ORDER = [
+    MATMUL,
+    _LABELS["llm.lowbit"],
+    _LABELS["llm.attention"],
+    _LABELS["llm.layer_ops"],
+    FORWARD_OTHER,
+    FORWARD_PYTHON,
+    _LABELS["llm.metadata"],
+    _LABELS["llm.sampling"],
+    _LABELS["llm.append"],
+    _LABELS["llm.scheduler"],
+    _LABELS["llm.collect"],
+    _LABELS["llm.step"],
+]
 
 
 def _labelled_functions(engine) -> list[tuple[object, str, str]]:
     """(owner, attribute, label) of the functions a decode step runs through, labelled for the profiler (those
     this engine has: its output handling has lived on the engine and on an `outputs` object)."""
     import backend.model.fused_llama as fused_llama
-    import backend.model.runner as model_runner
     import backend.model.paged_attention as paged_attention
+    import backend.model.runner as model_runner
 
     runner, outputs = engine.runner, getattr(engine, "outputs", None)
     candidates = [
-        (engine, "step", "llm.step"), (engine.scheduler, "schedule", "llm.scheduler"),
+        (engine, "step", "llm.step"),
+        (engine.scheduler, "schedule", "llm.scheduler"),
         (runner.fused if runner.fused is not None else runner.model, "forward", "llm.forward"),
-        (engine.sampler, "sample", "llm.sampling"), (outputs, "append", "llm.append"),
-        (engine, "_append_token", "llm.append"), (engine, "_collect", "llm.collect"),
+        (engine.sampler, "sample", "llm.sampling"),
+        (outputs, "append", "llm.append"),
+        (engine, "_append_token", "llm.append"),
+        (engine, "_collect", "llm.collect"),
         (model_runner, "build_metadata", "llm.metadata"),
         # the fused forward calls its module's name; the HF path's attention hook calls paged_attention's
-        (fused_llama, "paged_attention", "llm.attention"), (paged_attention, "paged_attention", "llm.attention"),
+        (fused_llama, "paged_attention", "llm.attention"),
+        (paged_attention, "paged_attention", "llm.attention"),
     ]
     ops = getattr(runner.fused, "ops", None)  # our C++ kernels: no aten ops inside, so labelled by name
     if ops is not None:
-        candidates += [(ops, "lowbit_linear", "llm.lowbit"), (ops, "rope_paged_attention", "llm.attention"),
-                       (ops, "add_rms_norm", "llm.layer_ops"), (ops, "silu_mul", "llm.layer_ops")]
+        candidates += [
+            (ops, "lowbit_linear", "llm.lowbit"),
+            (ops, "rope_paged_attention", "llm.attention"),
+            (ops, "add_rms_norm", "llm.layer_ops"),
+            (ops, "silu_mul", "llm.layer_ops"),
+        ]
     return [(owner, name, label) for owner, name, label in candidates if hasattr(owner, name)]
 
 
@@ -179,6 +208,7 @@ def _record_functions(functions):
         def wrapped(*args, **kwargs):
             with record_function(label):
                 return fn(*args, **kwargs)
+
         return wrapped
 
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in functions]
@@ -233,14 +263,17 @@ def profile_decode(engine, batch: int, steps: int) -> dict:
 
 
 def profile_table(profiles: dict[int, dict]) -> list[str]:
-    lines = ["| part of the step | " + " | ".join(f"batch {b}: ms / share" for b in profiles) + " |",
-             "|---|" + "---|" * len(profiles)]
+    lines = [
+        "| part of the step | " + " | ".join(f"batch {b}: ms / share" for b in profiles) + " |",
+        "|---|" + "---|" * len(profiles),
+    ]
     for cat in dict.fromkeys(k for p in profiles.values() for k in p["categories"]):
         shares = [(p["categories"].get(cat, 0.0), p["step_ms"]) for p in profiles.values()]
         cells = [f"{ms:.2f} / {ms / step * 100:.0f} %" for ms, step in shares]
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
-    lines.append("| **step (profiled)** | " + " | ".join(f"{p['step_ms']:.2f} / 100 %" for p in profiles.values())
-                 + " |")
+    lines.append(
+        "| **step (profiled)** | " + " | ".join(f"{p['step_ms']:.2f} / 100 %" for p in profiles.values()) + " |"
+    )
     return lines
 
 
@@ -280,17 +313,32 @@ def run(bench: Bench) -> list[str]:
         memory = batch * bw / weight_bytes  # every step reads the weights once
         compute = flops / (2 * matmul_params)
         bound, ceiling = ("memory", memory) if memory < compute else ("compute", compute)
-        data[batch] = {"decode_tok_s": rate, "step_ms": step_s * 1e3, "bytes_per_step": weight_bytes,
-                       "bytes_by_part": bytes_per_step(engine, batch), "memory_ceiling_tok_s": memory,
-                       "compute_ceiling_tok_s": compute, "bound": bound, "fraction": rate / ceiling,
-                       "linear_only_ms": linear_s * 1e3, "linear_only_tok_s": batch / linear_s}
+        data[batch] = {
+            "decode_tok_s": rate,
+            "step_ms": step_s * 1e3,
+            "bytes_per_step": weight_bytes,
+            "bytes_by_part": bytes_per_step(engine, batch),
+            "memory_ceiling_tok_s": memory,
+            "compute_ceiling_tok_s": compute,
+            "bound": bound,
+            "fraction": rate / ceiling,
+            "linear_only_ms": linear_s * 1e3,
+            "linear_only_tok_s": batch / linear_s,
+        }
         goal, share = ("P5", rate / memory) if batch == 1 else ("P6", rate / compute)
-        rows.append(f"| {batch} | {rate:.1f} | {step_s * 1e3:.1f} | {weight_bytes / 2**20:.1f} | {memory:.1f} | "
-                    f"{compute:.1f} | {bound} | {bench.target(goal, share, f'batch {batch}')} | {linear_s * 1e3:.1f} "
-                    f"ms = {batch / linear_s:.1f} tok/s ({linear_s / step_s * 100:.0f} % of the step) |")
+        rows.append(
+            f"| {batch} | {rate:.1f} | {step_s * 1e3:.1f} | {weight_bytes / 2**20:.1f} | {memory:.1f} | "
+            f"{compute:.1f} | {bound} | {bench.target(goal, share, f'batch {batch}')} | {linear_s * 1e3:.1f} "
+            f"ms = {batch / linear_s:.1f} tok/s ({linear_s / step_s * 100:.0f} % of the step) |"
+        )
     measure_profiles(bench)
-    bench.results["sections"]["4"] = {"dtype": dtype, "quantization": engine.config.quantization,
-                                      "matmul_parameters": matmul_params, "decode": data, "profile": bench.profiles}
+    bench.results["sections"]["4"] = {
+        "dtype": dtype,
+        "quantization": engine.config.quantization,
+        "matmul_parameters": matmul_params,
+        "decode": data,
+        "profile": bench.profiles,
+    }
     return [
         f"The served engine: {dtype}, quantization {engine.config.quantization}, {engine.runner.impl} forward; "
         f"{matmul_params / 1e6:.1f} M weights in its matmuls. Weight bytes read per decode step, from the "
@@ -321,16 +369,20 @@ def _profile_summary(data: dict, profiles: dict) -> str:
     parts = []
     for batch, d in data.items():
         p = profiles[batch]
-        top = ", ".join(f"{k} {v / p['step_ms'] * 100:.0f} %"
-                        for k, v in sorted(p["categories"].items(), key=lambda kv: -kv[1])[:3])
+        top = ", ".join(
+            f"{k} {v / p['step_ms'] * 100:.0f} %" for k, v in sorted(p["categories"].items(), key=lambda kv: -kv[1])[:3]
+        )
         matmul = p["categories"].get(MATMUL, 0.0) / p["step_ms"]
         linear = d["linear_only_ms"] / d["step_ms"]
         parts.append(
             f"Batch {batch} reaches {d['fraction'] * 100:.0f} % of its {d['bound']} ceiling; the step is "
             f"{matmul * 100:.0f} % matmuls, the largest parts being {top}. The linear layers alone, with nothing "
             f"around them, take {linear * 100:.0f} % of the step's time: "
-            + ("most of the gap to the ceiling is the matmul kernels at these shapes, not the engine around them."
-               if linear >= 0.6 else "the engine around the matmuls (attention, Python) is a large part of the gap.")
+            + (
+                "most of the gap to the ceiling is the matmul kernels at these shapes, not the engine around them."
+                if linear >= 0.6
+                else "the engine around the matmuls (attention, Python) is a large part of the gap."
+            )
         )
     return " ".join(parts)
 
@@ -343,8 +395,13 @@ def _figure(data: dict, profiles: dict, bw: float, flops: float, matmul_params: 
     ax.loglog(intensity, [min(flops, bw * i) / 1e9 for i in intensity], color="k", label="roofline (measured)")
     for batch, d in data.items():
         label = f"batch {batch}: {d['decode_tok_s']:.0f} tok/s ({d['fraction'] * 100:.0f} %)"
-        ax.loglog([2 * matmul_params * batch / d["bytes_per_step"]], [d["decode_tok_s"] * 2 * matmul_params / 1e9],
-                  "o", markersize=8, label=label)
+        ax.loglog(
+            [2 * matmul_params * batch / d["bytes_per_step"]],
+            [d["decode_tok_s"] * 2 * matmul_params / 1e9],
+            "o",
+            markersize=8,
+            label=label,
+        )
     ax.set_xlabel("arithmetic intensity, FLOP / weight byte read")
     ax.set_ylabel("GFLOP/s")
     ax.set_title("Decode against the measured roofline")

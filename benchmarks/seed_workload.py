@@ -1,5 +1,6 @@
 """Section 1: the seed workload, static batching with Hugging Face `generate` against our engine through
 Triton, both in the served dtype."""
+
 from __future__ import annotations
 
 import heapq
@@ -29,16 +30,22 @@ def run_hf_static(model, tok, requests: list[tuple[str, int]], batch_size: int) 
             longest = max(m for _, m in batch)
             t = time.perf_counter()
             enc = tok([p for p, _ in batch], return_tensors="pt", padding=True)
-            out = model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
-                                 pad_token_id=pad)
+            out = model.generate(
+                **enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False, pad_token_id=pad
+            )
             times.append(time.perf_counter() - t)
             new = out.shape[1] - enc.input_ids.shape[1]
             if new != longest:
                 raise RuntimeError(f"HF generate made {new} tokens, expected {longest}")
             generated += new * len(batch)
         wall = time.perf_counter() - start
-    return {"wall_s": wall, "batch_s": times, "generated_tokens": generated,
-            "useful_tokens": sum(m for _, m in requests), "steps": sum(max(m for _, m in b) for b in batches)}
+    return {
+        "wall_s": wall,
+        "batch_s": times,
+        "generated_tokens": generated,
+        "useful_tokens": sum(m for _, m in requests),
+        "steps": sum(max(m for _, m in b) for b in batches),
+    }
 
 
 def continuous_schedule_steps(max_tokens: list[int], slots: int) -> int:
@@ -66,9 +73,15 @@ def run(bench: Bench) -> list[str]:
             raise RuntimeError(f"our engine produced {ours.output_tokens} tokens, expected {useful}")
         ratio = static["wall_s"] / ours.wall_s
         ideal = continuous_schedule_steps([m for _, m in requests], SEED_BATCH_SIZE)
-        data[repeat] = {"requests": len(requests), "useful_tokens": useful, "static": static,
-                        "ours": load_summary(ours), "speedup": ratio, "schedule_only_bound": static["steps"] / ideal,
-                        "continuous_steps": ideal}
+        data[repeat] = {
+            "requests": len(requests),
+            "useful_tokens": useful,
+            "static": static,
+            "ours": load_summary(ours),
+            "speedup": ratio,
+            "schedule_only_bound": static["steps"] / ideal,
+            "continuous_steps": ideal,
+        }
         # the seed's own measurement ran the queue twice: P1 is the last (largest) repeat
         verdict = bench.verdict("P1", ratio, label, counts=repeat == max(s.seed_repeats))
         rows += [
@@ -78,8 +91,12 @@ def run(bench: Bench) -> list[str]:
             f"{ours.output_tokens} | {ideal} (ideal) | {verdict} |",
         ]
         bounds.append(f"{label}: {static['steps']} / {ideal} = {static['steps'] / ideal:.2f}x")
-    bench.results["sections"]["1"] = {"dtype": dtype, "runs": data, "seed_speedup": SEED_SPEEDUP,
-                                      "target": GOALS["P1"].threshold}
+    bench.results["sections"]["1"] = {
+        "dtype": dtype,
+        "runs": data,
+        "seed_speedup": SEED_SPEEDUP,
+        "target": GOALS["P1"].threshold,
+    }
     scaled = "" if s.seed_token_scale == 1 else f", max_tokens x {s.seed_token_scale:g} (quick)"
     requests = seed_requests(s)
     longest = max(m for _, m in requests)
@@ -102,8 +119,12 @@ def run(bench: Bench) -> list[str]:
         "depend on the batch size, the speed-up would be static batch steps / steps of a perfect 8-slot FIFO "
         f"continuous schedule ({'; '.join(bounds)}); anything above that comes from cheaper steps (no padding, "
         "smaller batches in the tail, less per-step overhead than `generate`)."
-        + (f" The longest request ({longest} tokens) is the last of the queue: it alone decodes for "
-           f"{longest} steps after it starts, at batch 1 for most of them." if requests[-1][1] == longest else ""),
+        + (
+            f" The longest request ({longest} tokens) is the last of the queue: it alone decodes for "
+            f"{longest} steps after it starts, at batch 1 for most of them."
+            if requests[-1][1] == longest
+            else ""
+        ),
         "",
         bench.plot(_figure(data), "seed_static_vs_continuous.png"),
     ]
@@ -116,8 +137,10 @@ def _figure(data: dict):
     fig, ax = plt.subplots(figsize=(7, 1.6 + 1.1 * len(data)))
     names, values, colors, labels = [], [], [], []
     for d in data.values():
-        for path, wall, color in (("static (HF generate)", d["static"]["wall_s"], "#999999"),
-                                  ("our engine (Triton)", d["ours"]["wall_s"], "#2a7ab0")):
+        for path, wall, color in (
+            ("static (HF generate)", d["static"]["wall_s"], "#999999"),
+            ("our engine (Triton)", d["ours"]["wall_s"], "#2a7ab0"),
+        ):
             names.append(f"{d['requests']} req: {path}")
             values.append(wall)
             colors.append(color)

@@ -14,6 +14,7 @@ greedy output does not depend on speculation (up to bf16 near-ties), so every mo
 (the table's token counts show it). `run(bench)` is the same
 comparison as a section of the benchmark report (benchmarks/bench.py), on the served configuration.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ PARAGRAPH = (
     "loss of parking spaces would keep customers away. After two hours of debate, the council voted to keep "
     "the lanes for a trial period of six months and to review the number of visitors to the shops in March."
 )
-CODE = '''def average(values):
+CODE = """def average(values):
     total = 0
     count = 0
     for value in values:
@@ -54,7 +55,7 @@ def largest(values):
         if value > best:
             best = value
     return best
-'''
+"""
 GROUNDED = [
     f"Rewrite the following paragraph in the past perfect tense, keeping every detail:\n\n{PARAGRAPH}",
     f"Copy the following paragraph, replacing 'council' with 'committee':\n\n{PARAGRAPH}",
@@ -79,12 +80,16 @@ def modes(draft: str, k: int) -> dict[str, dict[str, str]]:
 
 def chat_prompt(engine: LLMEngine, text: str) -> str:
     """The text as one user turn in the model's chat template, ready for the assistant's answer."""
-    return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                add_generation_prompt=True)
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
 
 
-SPEC_COUNTERS = ("llm_spec_decode_num_drafts_total", "llm_spec_decode_num_draft_tokens_total",
-                 "llm_spec_decode_num_accepted_tokens_total")
+SPEC_COUNTERS = (
+    "llm_spec_decode_num_drafts_total",
+    "llm_spec_decode_num_draft_tokens_total",
+    "llm_spec_decode_num_accepted_tokens_total",
+)
 SUMS = ("wall_s", "cpu_s", "output_tokens", "steps", *SPEC_COUNTERS)
 
 
@@ -92,15 +97,21 @@ def measure(engine: LLMEngine, prompts: list[str], max_tokens: int, concurrency:
     """One closed-loop run: wall and process CPU seconds, output tokens, engine steps, speculation counters."""
     before = [engine.metrics.total(name) for name in SPEC_COUNTERS]
     steps, cpu = engine.num_steps, time.process_time()
-    result = run_engine_requests(engine, [(chat_prompt(engine, p), max_tokens) for p in prompts],
-                                 {"temperature": 0}, concurrency)
-    return {"wall_s": result.wall_s, "cpu_s": time.process_time() - cpu, "output_tokens": result.output_tokens,
-            "steps": engine.num_steps - steps,
-            **{n: engine.metrics.total(n) - b for n, b in zip(SPEC_COUNTERS, before)}}
+    result = run_engine_requests(
+        engine, [(chat_prompt(engine, p), max_tokens) for p in prompts], {"temperature": 0}, concurrency
+    )
+    return {
+        "wall_s": result.wall_s,
+        "cpu_s": time.process_time() - cpu,
+        "output_tokens": result.output_tokens,
+        "steps": engine.num_steps - steps,
+        **{n: engine.metrics.total(n) - b for n, b in zip(SPEC_COUNTERS, before)},
+    }
 
 
-def compare(base: dict[str, str], draft: str, k: int, runs: int, max_tokens: int, concurrency: int,
-            progress=print) -> dict:
+def compare(
+    base: dict[str, str], draft: str, k: int, runs: int, max_tokens: int, concurrency: int, progress=print
+) -> dict:
     """{workload: {mode: [summed measure() per run]}}. At batch 1 the modes take turns prompt by prompt (the
     first mode rotating), so a burst of load on the shared machine hits every mode alike."""
     engines = {}
@@ -114,14 +125,16 @@ def compare(base: dict[str, str], draft: str, k: int, runs: int, max_tokens: int
             sums = {m: dict.fromkeys(SUMS, 0.0) for m in names}
             groups = [prompts[i : i + concurrency] for i in range(0, len(prompts), concurrency)]
             for i, group in enumerate(groups):
-                for mode in names[i % len(names):] + names[: i % len(names)]:
+                for mode in names[i % len(names) :] + names[: i % len(names)]:
                     for key, value in measure(engines[mode], group, max_tokens, concurrency).items():
                         sums[mode][key] += value
             for mode in names:
                 results[workload][mode].append(sums[mode])
-                progress(f"run {run + 1}/{runs} {workload} {mode}: {tokens_per_s(sums[mode]):.1f} tok/s, "
-                         f"{tokens_per_s(sums[mode], 'cpu_s'):.1f} tok per CPU s, {sums[mode]['output_tokens']:.0f} "
-                         f"tokens, {sums[mode]['steps']:.0f} steps")
+                progress(
+                    f"run {run + 1}/{runs} {workload} {mode}: {tokens_per_s(sums[mode]):.1f} tok/s, "
+                    f"{tokens_per_s(sums[mode], 'cpu_s'):.1f} tok per CPU s, {sums[mode]['output_tokens']:.0f} "
+                    f"tokens, {sums[mode]['steps']:.0f} steps"
+                )
     return results
 
 
@@ -132,11 +145,15 @@ def tokens_per_s(r: dict, clock: str = "wall_s") -> float:
 def table(results: dict, concurrency: int) -> list[str]:
     """Medians over the runs; a mode's ratio to speculation off is the median of the per-run ratios."""
     num_runs = len(next(iter(next(iter(results.values())).values())))
-    lines = [f"Greedy, {concurrency} stream(s), medians of {num_runs} interleaved runs. Tok per CPU s: output "
-             "tokens per second of the process's CPU time, which a busy shared machine disturbs less than the "
-             "wall clock.", "",
-             "| workload | speculation | output tok/s | vs off | tok per CPU s | vs off | acceptance rate | "
-             "mean acceptance length | output tokens | engine steps |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Greedy, {concurrency} stream(s), medians of {num_runs} interleaved runs. Tok per CPU s: output "
+        "tokens per second of the process's CPU time, which a busy shared machine disturbs less than the "
+        "wall clock.",
+        "",
+        "| workload | speculation | output tok/s | vs off | tok per CPU s | vs off | acceptance rate | "
+        "mean acceptance length | output tokens | engine steps |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for workload, by_mode in results.items():
         off = by_mode["off"]
         for mode, runs in by_mode.items():
@@ -145,9 +162,12 @@ def table(results: dict, concurrency: int) -> list[str]:
                 ratios = [tokens_per_s(r, clock) / tokens_per_s(o, clock) for r, o in zip(runs, off)]
                 cells += [f"{median([tokens_per_s(r, clock) for r in runs]):.1f}", f"{median(ratios):.2f}x"]
             drafts, drafted, accepted = (sum(r[n] for r in runs) for n in SPEC_COUNTERS)
-            cells += [f"{accepted / drafted:.3f}" if drafted else "",
-                      f"{1 + accepted / drafts:.2f}" if drafts else "1.00",
-                      f"{median([r['output_tokens'] for r in runs]):.0f}", f"{median([r['steps'] for r in runs]):.0f}"]
+            cells += [
+                f"{accepted / drafted:.3f}" if drafted else "",
+                f"{1 + accepted / drafts:.2f}" if drafts else "1.00",
+                f"{median([r['output_tokens'] for r in runs]):.0f}",
+                f"{median([r['steps'] for r in runs]):.0f}",
+            ]
             lines.append(f"| {workload} | {mode} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -162,10 +182,13 @@ def run(bench) -> list[str]:
     runs, max_tokens = (1, 16) if bench.s.quick else (3, 128)
     results = compare(params, draft, k, runs, max_tokens, 1, progress=log)
     bench.results["sections"]["8"] = results
-    return [f"Draft `{draft}`, k = {k}; {max_tokens} tokens at most per request, stopping at EOS; input-grounded: "
-            "rewrite, replace, summarise, extract and code-edit prompts that quote their input; open chat: the "
-            "throughput prompts.",
-            "", *table(results, 1)]
+    return [
+        f"Draft `{draft}`, k = {k}; {max_tokens} tokens at most per request, stopping at EOS; input-grounded: "
+        "rewrite, replace, summarise, extract and code-edit prompts that quote their input; open chat: the "
+        "throughput prompts.",
+        "",
+        *table(results, 1),
+    ]
 
 
 def main() -> None:
@@ -180,17 +203,39 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the engine's default)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other engine parameter, e.g. --set spec_min_acceptance=0.4")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other engine parameter, e.g. --set spec_min_acceptance=0.4",
+    )
     args = parser.parse_args()
-    base = {**read_parameters(), "model": args.model, "draft_dtype": args.draft_dtype, "num_threads": str(args.threads),
-            "kv_cache_blocks": "2048", "max_num_seqs": str(max(args.concurrency, 1)), "spec_max_batch_size": "64",
-            **{k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization)) if v},
-            **dict(item.split("=", 1) for item in args.set)}
-    print(f"# Speculative decoding, target {args.model} dtype {base.get('dtype')} quantization "
-          f"{base.get('quantization')}, draft {args.draft} {args.draft_dtype}", flush=True)
-    results = compare(base, args.draft, args.k, args.runs, args.max_tokens, args.concurrency,
-                      progress=lambda m: print(f"# {m}", flush=True))
+    base = {
+        **read_parameters(),
+        "model": args.model,
+        "draft_dtype": args.draft_dtype,
+        "num_threads": str(args.threads),
+        "kv_cache_blocks": "2048",
+        "max_num_seqs": str(max(args.concurrency, 1)),
+        "spec_max_batch_size": "64",
+        **{k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization)) if v},
+        **dict(item.split("=", 1) for item in args.set),
+    }
+    print(
+        f"# Speculative decoding, target {args.model} dtype {base.get('dtype')} quantization "
+        f"{base.get('quantization')}, draft {args.draft} {args.draft_dtype}",
+        flush=True,
+    )
+    results = compare(
+        base,
+        args.draft,
+        args.k,
+        args.runs,
+        args.max_tokens,
+        args.concurrency,
+        progress=lambda m: print(f"# {m}", flush=True),
+    )
     print(f"# {machine_description()}")
     print("\n".join(table(results, args.concurrency)))
 

@@ -7,6 +7,7 @@ when its grammar is complete, so the rows also give the mean output length.
 
     python benchmarks/structured_output.py [--model DIR] [--dtype auto] [--quantization int4] [--max-tokens 64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,17 +19,26 @@ from benchmarks.common import DEFAULT_MODEL, PROMPTS, machine_description, run_e
 
 RESULTS = Path(__file__).resolve().parent / "results" / "structured_output.md"
 SCHEMA = {
-    "type": "array", "minItems": 3,
-    "items": {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"], "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}},
-    }},
+    "type": "array",
+    "minItems": 3,
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "age", "tags"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}},
+        },
+    },
 }
 ROWS = [
     ("free text", "", {}),
-    ("JSON schema", "Reply in JSON: a list of people with their names, ages and favourite colours.",
-     {"guided_json": SCHEMA}),
+    (
+        "JSON schema",
+        "Reply in JSON: a list of people with their names, ages and favourite colours.",
+        {"guided_json": SCHEMA},
+    ),
     ("regular expression", "Reply in words.", {"guided_regex": "[A-Z][A-Za-z ,.]+"}),
 ]
 
@@ -60,8 +70,15 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--requests", type=int, default=64)
     args = parser.parse_args()
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
-                                    max_num_seqs=args.streams, kv_cache_blocks=4096))
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            max_num_seqs=args.streams,
+            kv_cache_blocks=4096,
+        )
+    )
     timer = MaskTimer(engine)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     base = {"temperature": 0, "max_tokens": args.max_tokens, "ignore_eos": True}
@@ -87,8 +104,10 @@ def main() -> None:
         free_tps = free_tps or result.tokens_per_s
         masking = f"{1000 * seconds / calls:.2f} ({rows / calls:.0f})" if calls else "-"
         share = f"{100 * seconds / result.wall_s:.1f} %" if calls else "-"
-        lines.append(f"| {name} | {result.tokens_per_s:.1f} | {result.tokens_per_s / free_tps:.2f}x | "
-                     f"{result.output_tokens / result.num_requests:.1f} | {masking} | {share} |")
+        lines.append(
+            f"| {name} | {result.tokens_per_s:.1f} | {result.tokens_per_s / free_tps:.2f}x | "
+            f"{result.output_tokens / result.num_requests:.1f} | {masking} | {share} |"
+        )
         print(lines[-1], flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text("\n".join(lines) + "\n")

@@ -1,5 +1,6 @@
 """Section 3: the Triton path's overhead, the same workloads through our engine in-process against through
 tritonserver, and where the difference lies (fewer sequences per step, or slower steps)."""
+
 from __future__ import annotations
 
 import math
@@ -29,11 +30,20 @@ def run(bench: Bench) -> list[str]:
         overhead = inproc / triton - 1
         ttft_in = statistics.median(percentile(r.ttft_s, 50) for r in bench.inproc_runs[c])
         ttft_tr = statistics.median(percentile(r.ttft_s, 50) for r in bench.triton_runs[c])
-        data[c] = {"in_process_tok_s": inproc, "triton_tok_s": triton, "overhead": overhead,
-                   "runs": len(bench.inproc_runs[c]), "ttft_p50_in_process_s": ttft_in, "ttft_p50_triton_s": ttft_tr,
-                   "steps_in_process": _steps(bench.inproc_runs[c]), "steps_triton": _steps(bench.triton_runs[c])}
-        rows.append(f"| {c} | {inproc:.1f} | {triton:.1f} | {bench.target('P7', overhead, f'{c} streams')} | "
-                    f"{ms(ttft_in)} | {ms(ttft_tr)} |")
+        data[c] = {
+            "in_process_tok_s": inproc,
+            "triton_tok_s": triton,
+            "overhead": overhead,
+            "runs": len(bench.inproc_runs[c]),
+            "ttft_p50_in_process_s": ttft_in,
+            "ttft_p50_triton_s": ttft_tr,
+            "steps_in_process": _steps(bench.inproc_runs[c]),
+            "steps_triton": _steps(bench.triton_runs[c]),
+        }
+        rows.append(
+            f"| {c} | {inproc:.1f} | {triton:.1f} | {bench.target('P7', overhead, f'{c} streams')} | "
+            f"{ms(ttft_in)} | {ms(ttft_tr)} |"
+        )
     bench.results["sections"]["3"] = data
     bench.bounds[TRITON_STEPS] = steps_table(data)
     lines = [
@@ -64,24 +74,32 @@ def run(bench: Bench) -> list[str]:
 
 def _steps(runs: list[LoadResult]) -> dict:
     """Median engine steps, sequences per step and wall ms per step over `runs`."""
+
     def per_step(value: float, steps: float) -> float:
         return value / steps if steps > 0 else math.nan  # nan stays nan
 
-    return {"steps": statistics.median(r.engine_steps for r in runs),
-            "sequences_per_step": statistics.median(per_step(r.step_sequences, r.engine_steps) for r in runs),
-            "ms_per_step": statistics.median(per_step(r.wall_s * 1e3, r.engine_steps) for r in runs)}
+    return {
+        "steps": statistics.median(r.engine_steps for r in runs),
+        "sequences_per_step": statistics.median(per_step(r.step_sequences, r.engine_steps) for r in runs),
+        "ms_per_step": statistics.median(per_step(r.wall_s * 1e3, r.engine_steps) for r in runs),
+    }
 
 
 def steps_table(data: dict) -> list[str]:
-    lines = ["| streams | engine steps, in-process / Triton | sequences per step, in-process / Triton | "
-             "wall ms per step, in-process / Triton |", "|---|---|---|---|"]
+    lines = [
+        "| streams | engine steps, in-process / Triton | sequences per step, in-process / Triton | "
+        "wall ms per step, in-process / Triton |",
+        "|---|---|---|---|",
+    ]
     for c, d in data.items():
         a, b = d["steps_in_process"], d["steps_triton"]
         if any(math.isnan(x) for x in (*a.values(), *b.values())):
             lines.append(f"| {c} | n/a (no step counts) | | |")
             continue
-        lines.append(f"| {c} | {a['steps']:.0f} / {b['steps']:.0f} | {a['sequences_per_step']:.1f} / "
-                     f"{b['sequences_per_step']:.1f} | {a['ms_per_step']:.1f} / {b['ms_per_step']:.1f} |")
+        lines.append(
+            f"| {c} | {a['steps']:.0f} / {b['steps']:.0f} | {a['sequences_per_step']:.1f} / "
+            f"{b['sequences_per_step']:.1f} | {a['ms_per_step']:.1f} / {b['ms_per_step']:.1f} |"
+        )
     return lines
 
 
@@ -89,10 +107,19 @@ def _figure(concurrency: list[int], data: dict):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    paired_bars(ax, concurrency, "Triton path overhead",
-                ("in-process engine", "#6aa84f", [data[c]["in_process_tok_s"] for c in concurrency]),
-                ("through Triton", "#2a7ab0", [data[c]["triton_tok_s"] for c in concurrency]))
+    paired_bars(
+        ax,
+        concurrency,
+        "Triton path overhead",
+        ("in-process engine", "#6aa84f", [data[c]["in_process_tok_s"] for c in concurrency]),
+        ("through Triton", "#2a7ab0", [data[c]["triton_tok_s"] for c in concurrency]),
+    )
     for x, c in enumerate(concurrency):
-        ax.annotate(f"{data[c]['overhead'] * 100:+.1f} %", (x + 0.2, data[c]["triton_tok_s"]),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{data[c]['overhead'] * 100:+.1f} %",
+            (x + 0.2, data[c]["triton_tok_s"]),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     return fig

@@ -1,6 +1,7 @@
 """Section 6: llama.cpp, the peer to beat on a CPU, on the same weights (the GGUF our model folder was converted
 from): batch-1 decode against `llama-bench`, and closed-loop streams against `llama-server`'s continuous
 batching, every client on loopback."""
+
 from __future__ import annotations
 
 import http.client
@@ -35,7 +36,7 @@ class LlamaCpp:
     gguf: Path
 
     @classmethod
-    def find(cls, bin_dir: str, gguf: str) -> "LlamaCpp | str":
+    def find(cls, bin_dir: str, gguf: str) -> LlamaCpp | str:
         """The binaries and the GGUF, or why the section cannot run."""
         if not bin_dir:
             return "no llama.cpp folder given (--llama-cpp-dir or LLAMA_CPP_DIR)"
@@ -48,8 +49,12 @@ class LlamaCpp:
 
     def env(self) -> dict[str, str]:
         """The binaries find their shared libraries beside them."""
-        return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(
-            p for p in (str(self.bin_dir), os.environ.get("LD_LIBRARY_PATH", "")) if p)}
+        return {
+            **os.environ,
+            "LD_LIBRARY_PATH": os.pathsep.join(
+                p for p in (str(self.bin_dir), os.environ.get("LD_LIBRARY_PATH", "")) if p
+            ),
+        }
 
     def shown(self, argv: list[str]) -> str:
         """A command line for the report: the program and the GGUF by name, no local folders."""
@@ -57,12 +62,30 @@ class LlamaCpp:
 
     def bench_decode(self, threads: int, tokens: int, repetitions: int) -> dict:
         """`llama-bench -p 0 -n tokens`: batch-1 decode tokens/s (mean and standard deviation over repetitions)."""
-        argv = [str(self.bin_dir / "llama-bench"), "-m", str(self.gguf), "-t", str(threads), "-p", "0",
-                "-n", str(tokens), "-r", str(repetitions), "-o", "json"]
+        argv = [
+            str(self.bin_dir / "llama-bench"),
+            "-m",
+            str(self.gguf),
+            "-t",
+            str(threads),
+            "-p",
+            "0",
+            "-n",
+            str(tokens),
+            "-r",
+            str(repetitions),
+            "-o",
+            "json",
+        ]
         done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=600, check=True)
         test = json.loads(done.stdout)[0]
-        return {"tokens_per_s": test["avg_ts"], "stddev": test["stddev_ts"], "command": self.shown(argv),
-                "build": test.get("build_commit"), "model_type": test.get("model_type")}
+        return {
+            "tokens_per_s": test["avg_ts"],
+            "stddev": test["stddev_ts"],
+            "command": self.shown(argv),
+            "build": test.get("build_commit"),
+            "model_type": test.get("model_type"),
+        }
 
 
 def default_gguf() -> str:
@@ -80,13 +103,33 @@ class LlamaServer:
 
     def __init__(self, llama: LlamaCpp, threads: int, log_path: Path, extra: tuple[str, ...] = ()):
         self.port, self.log_path = launcher.free_port(), log_path
-        argv = [str(llama.bin_dir / "llama-server"), "-m", str(llama.gguf), "-t", str(threads), "-c",
-                str(SERVER_CONTEXT), "-np", str(SERVER_SLOTS), *extra, "--host", "127.0.0.1", "--port", str(self.port)]
+        argv = [
+            str(llama.bin_dir / "llama-server"),
+            "-m",
+            str(llama.gguf),
+            "-t",
+            str(threads),
+            "-c",
+            str(SERVER_CONTEXT),
+            "-np",
+            str(SERVER_SLOTS),
+            *extra,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         self.command = llama.shown(argv[:-2])  # without the port
         log(f"starting llama-server on port {self.port} (log {log_path})")
         with open(log_path, "ab") as out:
-            self.proc = subprocess.Popen(argv, env=llama.env(), stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                env=llama.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             self._wait_until_ready(timeout_s=120)
             self.run([(PROMPTS[0], 4)] * 2, 2)  # warm-up
@@ -95,7 +138,7 @@ class LlamaServer:
             raise
 
     @classmethod
-    def start(cls, llama: LlamaCpp, threads: int, log_path: Path) -> tuple["LlamaServer", str]:
+    def start(cls, llama: LlamaCpp, threads: int, log_path: Path) -> tuple[LlamaServer, str]:
         """A running server and a note for the report. llama-server builds whose CPU weight repacking crashes at
         load on some CPUs (seen on an AMX Xeon) run with `--no-repack`, which is slower: the report says so."""
         try:
@@ -106,14 +149,16 @@ class LlamaServer:
             log("6: llama-server died at load; retrying with --no-repack")
             return cls(llama, threads, log_path, ("--no-repack",)), (
                 "llama-server died at load with its default weight repacking on this CPU, so it ran with "
-                "`--no-repack` (slower than its default where the default works).")
+                "`--no-repack` (slower than its default where the default works)."
+            )
 
     def _wait_until_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}):\n"
-                                   + self.launcher.log_tail(self.log_path))
+                raise RuntimeError(
+                    f"llama-server exited ({self.proc.returncode}):\n" + self.launcher.log_tail(self.log_path)
+                )
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 conn.request("GET", "/health")
@@ -135,8 +180,14 @@ class LlamaServer:
         from client.api import Chunk, Completion, parse_sse
 
         def send(prompt: str, max_tokens: int):
-            body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-                    "return_tokens": True}
+            body = {
+                "prompt": prompt,
+                "n_predict": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "return_tokens": True,
+            }
             # a connection per request: llama-server closes a streamed response's connection
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
             try:
@@ -148,8 +199,14 @@ class LlamaServer:
                 chunks = []
                 for data in parse_sse(response):
                     event = json.loads(data)
-                    chunks.append(Chunk(text=event.get("content", ""), token_ids=list(event.get("tokens") or []),
-                                        is_final=bool(event.get("stop")), received_at=time.perf_counter()))
+                    chunks.append(
+                        Chunk(
+                            text=event.get("content", ""),
+                            token_ids=list(event.get("tokens") or []),
+                            is_final=bool(event.get("stop")),
+                            received_at=time.perf_counter(),
+                        )
+                    )
                     if event.get("stop"):
                         break
                 return Completion.from_chunks(chunks, started)
@@ -182,8 +239,10 @@ def run(bench: Bench) -> list[str]:
     if isinstance(llama, str):
         log(f"6: skipped: {llama}")
         bench.results["sections"]["6"] = {"skipped": llama}
-        return [f"**Skipped**: {llama}. Build llama.cpp's `llama-bench` and `llama-server` and pass their folder "
-                "with `--llama-cpp-dir` (or set LLAMA_CPP_DIR) to run this comparison."]
+        return [
+            f"**Skipped**: {llama}. Build llama.cpp's `llama-bench` and `llama-server` and pass their folder "
+            "with `--llama-cpp-dir` (or set LLAMA_CPP_DIR) to run this comparison."
+        ]
     log(f"6: llama-bench, batch-1 decode of {s.decode_tokens} tokens")
     theirs_decode = llama.bench_decode(s.peer_threads, s.decode_tokens, s.llama_bench_repetitions)
     one_at_a_time = [(PROMPTS[i % len(PROMPTS)], s.decode_tokens) for i in range(s.decode_requests)]
@@ -207,9 +266,13 @@ def run(bench: Bench) -> list[str]:
     finally:
         server.stop()
     bench.results["sections"]["6"] = {
-        "llama_bench": theirs_decode, "llama_server_command": server.command, "llama_server_note": server_note,
+        "llama_bench": theirs_decode,
+        "llama_server_command": server.command,
+        "llama_server_note": server_note,
         "streams": streams,
-        "ours_decode_tok_s": ours_decode, "ours_single_stream": load_summary(ours_single)}
+        "ours_decode_tok_s": ours_decode,
+        "ours_single_stream": load_summary(ours_single),
+    }
     return [
         f"The same weights: {llama.gguf.name} (llama.cpp build {theirs_decode['build']}, "
         f"{theirs_decode['model_type']}), "
@@ -250,7 +313,11 @@ def _figure(concurrency: list[int], streams: dict, ours_decode: float, theirs_de
     ax.margins(y=0.15)
     ax.set_ylabel("decode tokens/s")
     ax.set_title("Batch-1 decode")
-    paired_bars(ax2, concurrency, "Concurrent streams, greedy",
-                ("our engine (Triton)", "#2a7ab0", [streams[c]["ours"]["tokens_per_s"] for c in concurrency]),
-                ("llama-server", "#8e44ad", [streams[c]["llama_server"]["tokens_per_s"] for c in concurrency]))
+    paired_bars(
+        ax2,
+        concurrency,
+        "Concurrent streams, greedy",
+        ("our engine (Triton)", "#2a7ab0", [streams[c]["ours"]["tokens_per_s"] for c in concurrency]),
+        ("llama-server", "#8e44ad", [streams[c]["llama_server"]["tokens_per_s"] for c in concurrency]),
+    )
     return fig

@@ -1,5 +1,6 @@
 """Section 2: output tokens/s of our engine through Triton against transformers' own continuous batching, in
 fp32 and in the served dtype, at 1, 8 and 32 concurrent streams."""
+
 from __future__ import annotations
 
 import math
@@ -31,18 +32,21 @@ class HFContinuous:
     """transformers' continuous batching (ContinuousBatchingManager), driven with at most `concurrency`
     requests in flight; the manager's limits match our engine's (32 sequences, 512 tokens per step)."""
 
-    def __init__(self, model, tok, max_prompt_tokens: int, max_tokens: int, max_seqs: int = 32,
-                 max_batch_tokens: int = 512):
+    def __init__(
+        self, model, tok, max_prompt_tokens: int, max_tokens: int, max_seqs: int = 32, max_batch_tokens: int = 512
+    ):
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         self.tok = tok
         page = 64
         blocks = max_seqs * (math.ceil((max_prompt_tokens + max_tokens) / page) + 1) + 8
-        gen = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1,
-                               pad_token_id=tok.eos_token_id)
-        cbc = ContinuousBatchingConfig(page_size=page, num_blocks=blocks, max_batch_tokens=max_batch_tokens,
-                                       max_requests_per_batch=max_seqs)
+        gen = GenerationConfig(
+            max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=tok.eos_token_id
+        )
+        cbc = ContinuousBatchingConfig(
+            page_size=page, num_blocks=blocks, max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_seqs
+        )
         self.manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
         self.manager.start()
         self.counter = 0
@@ -143,14 +147,18 @@ def _no_bf16_note() -> str:
     if resolved_dtype() == "bfloat16":
         return ""
     _, why = native_bf16("cpu")
-    return (f" No bfloat16 rows: {why}, so `dtype: auto` serves float32 here and bf16 on either side would be "
-            "emulated (see the bf16 matmul ceiling above), which nobody would serve.")
+    return (
+        f" No bfloat16 rows: {why}, so `dtype: auto` serves float32 here and bf16 on either side would be "
+        "emulated (see the bf16 matmul ceiling above), which nobody would serve."
+    )
 
 
 def _served_description(bench: Bench) -> str:
     params = engine_parameters(bench.s.threads)
-    return (f"dtype {params.get('dtype')} = {resolved_dtype()}, quantization {params.get('quantization')}, "
-            f"model_impl {params.get('model_impl')}")
+    return (
+        f"dtype {params.get('dtype')} = {resolved_dtype()}, quantization {params.get('quantization')}, "
+        f"model_impl {params.get('model_impl')}"
+    )
 
 
 def _figure(concurrency: list[int], data: dict):
@@ -158,7 +166,11 @@ def _figure(concurrency: list[int], data: dict):
 
     fig, axes = plt.subplots(1, len(data), figsize=(6 * len(data), 3.4), squeeze=False)
     for ax, (dtype, d) in zip(axes[0], data.items()):
-        paired_bars(ax, concurrency, f"Throughput, {dtype}, same model / prompts, greedy",
-                    ("our engine (Triton)", "#2a7ab0", [d[c]["ours"]["tokens_per_s"] for c in concurrency]),
-                    ("transformers CB", "#e08a2c", [d[c]["transformers_cb"]["tokens_per_s"] for c in concurrency]))
+        paired_bars(
+            ax,
+            concurrency,
+            f"Throughput, {dtype}, same model / prompts, greedy",
+            ("our engine (Triton)", "#2a7ab0", [d[c]["ours"]["tokens_per_s"] for c in concurrency]),
+            ("transformers CB", "#e08a2c", [d[c]["transformers_cb"]["tokens_per_s"] for c in concurrency]),
+        )
     return fig

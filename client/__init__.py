@@ -1,4 +1,5 @@
-"""Clients for the decoupled `llm` Triton model: `llm-client --help` (or `python -m client`) for the CLI, `client.api` for code."""
+"""Clients for the decoupled `llm` Triton model: `llm-client --help` (or `python -m client`) for the CLI,
+`client.api` for code."""
 
 from client.api import (  # noqa: F401
     DEFAULT_OUTPUTS,

@@ -1,6 +1,6 @@
 """Command-line client: stream a completion from the `llm` model over gRPC or HTTP.
 
-    llm-client "The capital of France is" --max-tokens 32 --temperature 0.7 --seed 1 --show-stats
+llm-client "The capital of France is" --max-tokens 32 --temperature 0.7 --seed 1 --show-stats
 """
 
 from __future__ import annotations
@@ -15,8 +15,19 @@ from typing import Any
 from client.api import Chunk, Completion, ServerError, generate_http, stream_grpc, stream_http
 
 # CLI option -> sampling key (None values are not sent).
-_SAMPLING_OPTIONS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                     "seed", "stop", "n", "ignore_eos")
+_SAMPLING_OPTIONS = (
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "n",
+    "ignore_eos",
+)
 
 
 def _unescape(text: str) -> str:
@@ -25,8 +36,9 @@ def _unescape(text: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="llm-client", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="llm-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("prompt")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--url", help="host:port (default localhost:8001 for grpc, localhost:8000 for http)")
@@ -42,13 +54,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop", action="append", type=_unescape, help="stop string (repeatable; \\n escapes work)")
     p.add_argument("--n", type=int, help="parallel samples of the prompt")
     p.add_argument("--ignore-eos", action="store_true", default=None)
-    p.add_argument("--json-params", type=json.loads, default={},
-                   help='extra sampling keys as JSON, e.g. \'{"repetition_penalty": 1.1}\'')
-    p.add_argument("--flat", action="store_true",
-                   help="send the options as flat input tensors (TensorRT-LLM style) instead of sampling_parameters")
+    p.add_argument(
+        "--json-params",
+        type=json.loads,
+        default={},
+        help="extra sampling keys as JSON, e.g. '{\"repetition_penalty\": 1.1}'",
+    )
+    p.add_argument(
+        "--flat",
+        action="store_true",
+        help="send the options as flat input tensors (TensorRT-LLM style) instead of sampling_parameters",
+    )
     p.add_argument("--no-stream", dest="stream", action="store_false", help="one response with the whole text")
-    p.add_argument("--show-stats", action="store_true",
-                   help="print finish reason, token counts, TTFT, mean ITL and tokens/s to stderr")
+    p.add_argument(
+        "--show-stats",
+        action="store_true",
+        help="print finish reason, token counts, TTFT, mean ITL and tokens/s to stderr",
+    )
     p.add_argument("--request-id", help="gRPC request id")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
     args = p.parse_args(argv)
@@ -93,8 +115,9 @@ def print_stats(c: Completion) -> None:
 
     rate = c.tokens_per_s
     lines = [
-        f"finish_reason: {c.finish_reason}" if not c.samples else
-        "finish_reason: " + ", ".join(f"[{i}] {s.finish_reason}" for i, s in c.samples.items()),
+        f"finish_reason: {c.finish_reason}"
+        if not c.samples
+        else "finish_reason: " + ", ".join(f"[{i}] {s.finish_reason}" for i, s in c.samples.items()),
         f"input tokens: {c.num_input_tokens if c.num_input_tokens is not None else 'n/a'}",
         f"output tokens: {c.num_output_tokens}",
         f"responses: {len(c.chunks)}",

@@ -30,4 +30,3 @@ __all__ = [
     "stream_grpc",
     "stream_http",
 ]
-

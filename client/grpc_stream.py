@@ -35,10 +35,20 @@ class GrpcStream:
     additional outputs of DEFAULT_OUTPUTS are asked for unless `flat` says otherwise.
     """
 
-    def __init__(self, prompt: str, url: str = "localhost:8001", model: str = "llm", *, stream: bool = True,
-                 sampling: dict | str | None = None, request_id: str | None = None,
-                 timeout_s: float | None = DEFAULT_TIMEOUT_S, client: Any = None,
-                 parameters: dict | None = None, **flat: Any):
+    def __init__(
+        self,
+        prompt: str,
+        url: str = "localhost:8001",
+        model: str = "llm",
+        *,
+        stream: bool = True,
+        sampling: dict | str | None = None,
+        request_id: str | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        client: Any = None,
+        parameters: dict | None = None,
+        **flat: Any,
+    ):
         gevent_compat()
         import tritonclient.grpc as grpcclient
 
@@ -55,8 +65,9 @@ class GrpcStream:
         try:
             self._client.start_stream(callback=self._on_response)
             self.started_at = time.perf_counter()
-            self._client.async_stream_infer(model, inputs, request_id=request_id or "",
-                                            enable_empty_final_response=True, parameters=parameters)
+            self._client.async_stream_infer(
+                model, inputs, request_id=request_id or "", enable_empty_final_response=True, parameters=parameters
+            )
         except Exception as e:
             self._close(cancel=True)
             raise ServerError(_message(e)) from e
@@ -137,9 +148,8 @@ def stream_grpc(prompt: str, url: str = "localhost:8001", model: str = "llm", **
     return GrpcStream(prompt, url, model, **kwargs)
 
 
-def generate_grpc(prompt: str, url: str = "localhost:8001", model: str = "llm", *, stream: bool = True,
-                  **kwargs: Any) -> Completion:
+def generate_grpc(
+    prompt: str, url: str = "localhost:8001", model: str = "llm", *, stream: bool = True, **kwargs: Any
+) -> Completion:
     """Send one request over gRPC and wait for the whole Completion (stream=False: one data response)."""
     return GrpcStream(prompt, url, model, stream=stream, **kwargs).completion()
-
-

@@ -45,15 +45,20 @@ def parse_sse(lines: Iterable[bytes | str]) -> Iterator[str]:
         yield "\n".join(data)
 
 
-def _post(url: str, path: str, body: dict, timeout_s: float | None
-          ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+def _post(
+    url: str, path: str, body: dict, timeout_s: float | None
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     """POST JSON; return (connection, response) or raise ServerError with the server's message."""
     parsed = urllib.parse.urlsplit(url if "//" in url else "http://" + url)
     conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(parsed.hostname or "localhost", parsed.port, timeout=timeout_s)
     try:
-        conn.request("POST", parsed.path.rstrip("/") + path, body=json.dumps(body).encode("utf-8"),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            parsed.path.rstrip("/") + path,
+            body=json.dumps(body).encode("utf-8"),
+            headers={"Content-Type": "application/json"},
+        )
         response = conn.getresponse()
     except OSError as e:
         conn.close()
@@ -83,16 +88,27 @@ def _http_chunk(payload: str, received_at: float, is_final: bool) -> Chunk:
     return chunk_from_outputs(obj, received_at, is_final=is_final)
 
 
-def stream_http(prompt: str, url: str = "localhost:8000", model: str = "llm", *, stream: bool = True,
-                sampling: dict | str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-                **params: Any) -> Iterator[Chunk]:
+def stream_http(
+    prompt: str,
+    url: str = "localhost:8000",
+    model: str = "llm",
+    *,
+    stream: bool = True,
+    sampling: dict | str | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    **params: Any,
+) -> Iterator[Chunk]:
     """Yield Chunks from POST /v2/models/{model}/generate_stream (server-sent events; DEFAULT_OUTPUTS asked).
 
     The stream's end is marked by one last empty Chunk with is_final=True. Closing the generator early drops
     the connection, which cancels the request on the server.
     """
-    conn, response = _post(url, f"/v2/models/{model}/generate_stream",
-                           http_body(prompt, stream, sampling, **{**DEFAULT_OUTPUTS, **params}), timeout_s)
+    conn, response = _post(
+        url,
+        f"/v2/models/{model}/generate_stream",
+        http_body(prompt, stream, sampling, **{**DEFAULT_OUTPUTS, **params}),
+        timeout_s,
+    )
     try:
         for payload in parse_sse(iter(response.readline, b"")):
             yield _http_chunk(payload, time.perf_counter(), is_final=False)
@@ -101,13 +117,23 @@ def stream_http(prompt: str, url: str = "localhost:8000", model: str = "llm", *,
         conn.close()
 
 
-def generate_http(prompt: str, url: str = "localhost:8000", model: str = "llm", *,
-                  sampling: dict | str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-                  **params: Any) -> Completion:
+def generate_http(
+    prompt: str,
+    url: str = "localhost:8000",
+    model: str = "llm",
+    *,
+    sampling: dict | str | None = None,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    **params: Any,
+) -> Completion:
     """POST /v2/models/{model}/generate (stream false): one JSON answer as a Completion."""
     started_at = time.perf_counter()
-    conn, response = _post(url, f"/v2/models/{model}/generate",
-                           http_body(prompt, False, sampling, **{**DEFAULT_OUTPUTS, **params}), timeout_s)
+    conn, response = _post(
+        url,
+        f"/v2/models/{model}/generate",
+        http_body(prompt, False, sampling, **{**DEFAULT_OUTPUTS, **params}),
+        timeout_s,
+    )
     try:
         payload = response.read().decode("utf-8")
     finally:

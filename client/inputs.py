@@ -14,18 +14,26 @@ DEFAULT_TIMEOUT_S = 600.0
 
 # Flat input tensors (TensorRT-LLM ensemble style): name -> (Triton datatype, numpy dtype), from the model's wire
 # contract. Shape [1] except lists (stop strings, stop token ids), which are sent with shape [len].
-_NUMPY = {wire.INT32: np.int32, wire.UINT64: np.uint64, wire.FP32: np.float32, wire.BOOL: np.bool_,
-          wire.BYTES: np.object_}
+_NUMPY = {
+    wire.INT32: np.int32,
+    wire.UINT64: np.uint64,
+    wire.FP32: np.float32,
+    wire.BOOL: np.bool_,
+    wire.BYTES: np.object_,
+}
 _BOOL, _FP32, _BYTES = ((t, _NUMPY[t]) for t in (wire.BOOL, wire.FP32, wire.BYTES))
 FLAT_INPUTS: dict[str, tuple[str, Any]] = {
-    name: (datatype, _NUMPY[datatype]) for name, (datatype, _) in wire.INPUTS.items()
+    name: (datatype, _NUMPY[datatype])
+    for name, (datatype, _) in wire.INPUTS.items()
     if name not in wire.PROMPT_INPUTS and name not in (wire.SAMPLING_JSON, "stream")
 }
 
 # The model sends its additional outputs only when asked (as Triton's vLLM backend does): this client asks
 # for these unless the caller says otherwise (False, or None to send no flag at all).
 DEFAULT_OUTPUTS: dict[str, Any] = {
-    "return_finish_reason": True, "return_num_input_tokens": True, "return_num_output_tokens": True,
+    "return_finish_reason": True,
+    "return_num_input_tokens": True,
+    "return_num_output_tokens": True,
 }
 
 
@@ -56,8 +64,9 @@ def sampling_json(sampling: dict | str | None) -> str | None:
     return sampling if isinstance(sampling, str) else json.dumps(sampling)
 
 
-def build_inputs(prompt: str, stream: bool = True, sampling: dict | str | None = None,
-                 protocol: str = "grpc", **flat: Any) -> list:
+def build_inputs(
+    prompt: str, stream: bool = True, sampling: dict | str | None = None, protocol: str = "grpc", **flat: Any
+) -> list:
     """InferInputs for one request: text_input, stream, sampling_parameters (JSON) and flat tensors.
 
     `flat` keys become tensors with the contract's dtypes (max_tokens INT32, temperature FP32, seed UINT64,
@@ -87,5 +96,3 @@ def build_inputs(prompt: str, stream: bool = True, sampling: dict | str | None =
         inp.set_data_from_numpy(array)
         inputs.append(inp)
     return inputs
-
-

@@ -19,6 +19,7 @@ class ServerError(Exception):
         super().__init__(text)
         self.kind = kind or wire.parse_error(text)[0]
 
+
 @dataclass
 class Chunk:
     """One response of the model (one streaming step, or the whole answer when not streaming)."""
@@ -88,11 +89,16 @@ class Completion:
         first = samples[indices[0]]
         ttfts = [s.ttft_s for s in samples.values() if s.ttft_s is not None]
         return cls(
-            text=first.text, token_ids=first.token_ids, finish_reason=first.finish_reason, chunks=chunks,
+            text=first.text,
+            token_ids=first.token_ids,
+            finish_reason=first.finish_reason,
+            chunks=chunks,
             num_input_tokens=first.num_input_tokens,
             num_output_tokens=sum(s.num_output_tokens for s in samples.values()),
-            ttft_s=min(ttfts) if ttfts else None, itl_s=[x for s in samples.values() for x in s.itl_s],
-            e2e_s=ended_at - started_at, samples=samples,
+            ttft_s=min(ttfts) if ttfts else None,
+            itl_s=[x for s in samples.values() for x in s.itl_s],
+            e2e_s=ended_at - started_at,
+            samples=samples,
         )
 
     @classmethod
@@ -135,8 +141,9 @@ def _first_int(value: Any) -> int | None:
     return int(items[0]) if items else None
 
 
-def chunk_from_outputs(outputs: dict[str, Any], received_at: float, is_final: bool = False,
-                       sample_index: int | None = None) -> Chunk:
+def chunk_from_outputs(
+    outputs: dict[str, Any], received_at: float, is_final: bool = False, sample_index: int | None = None
+) -> Chunk:
     """Build a Chunk from a response's outputs (numpy arrays from gRPC or JSON values from HTTP)."""
     raw = {k: _as_list(v) for k, v in outputs.items()}
     if sample_index is None:
@@ -153,5 +160,3 @@ def chunk_from_outputs(outputs: dict[str, Any], received_at: float, is_final: bo
         cumulative_logprob=next((float(v) for v in raw.get("cumulative_logprob", [])), None),
         raw=raw,
     )
-
-

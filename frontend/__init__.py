@@ -1,1 +1,2 @@
-"""An OpenAI-compatible front door for the Triton server's LLM model (run `llm-frontend --help`, or `python -m frontend`)."""
+"""An OpenAI-compatible front door for the Triton server's LLM model (run `llm-frontend --help`, or
+`python -m frontend`)."""

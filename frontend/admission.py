@@ -8,6 +8,7 @@ it holds now (the front door's own requests that have not produced a token yet) 
 If the model still refuses one prompt (clients that bypass the front door share its queue), the other
 prompts are cancelled at once (completions.py), so the answer is a 503 and nothing stays queued.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -30,17 +31,22 @@ class Admission:
         except (InferenceServerException, ValueError):
             return 0
 
-    async def admit(self, model: str, num_prompts: int) -> "Ticket":
+    async def admit(self, model: str, num_prompts: int) -> Ticket:
         """A ticket for `num_prompts` prompts, or the 400/503 that refuses them all."""
         capacity = await self.capacity(model)
         if capacity and num_prompts > capacity:
-            raise bad_request(f"this request has {num_prompts} prompts; model '{model}' queues at most {capacity} "
-                              "requests (max_queue_size): send fewer prompts per request", "prompt",
-                              "too_many_prompts")
+            raise bad_request(
+                f"this request has {num_prompts} prompts; model '{model}' queues at most {capacity} "
+                "requests (max_queue_size): send fewer prompts per request",
+                "prompt",
+                "too_many_prompts",
+            )
         if capacity and self.pending[model] + num_prompts > capacity:
-            raise server_busy(f"server busy: {self.pending[model]} prompts are already waiting for model "
-                              f"'{model}' (max_queue_size={capacity}) and this request has {num_prompts}; "
-                              "retry later")
+            raise server_busy(
+                f"server busy: {self.pending[model]} prompts are already waiting for model "
+                f"'{model}' (max_queue_size={capacity}) and this request has {num_prompts}; "
+                "retry later"
+            )
         self.pending[model] += num_prompts
         return Ticket(self, model, num_prompts)
 

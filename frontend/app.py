@@ -9,16 +9,16 @@ Routes:
     GET  /health/ready                                 200 when Triton reports every served model ready, else 503
     GET|HEAD /metrics                                  the front door's counters, then Triton's metrics
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterable
 
 import aiohttp
 from aiohttp import web
-
 from tritonclient.utils import InferenceServerException
 
 from .admission import Admission
@@ -60,8 +60,11 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 ADMISSION = web.AppKey("admission", Admission)
 
 
-def create_app(settings: Settings, tokenizer: ModelTokenizer | None = None,
-               extra_routes: Iterable[Callable[[web.Application], None]] = ()) -> web.Application:
+def create_app(
+    settings: Settings,
+    tokenizer: ModelTokenizer | None = None,
+    extra_routes: Iterable[Callable[[web.Application], None]] = (),
+) -> web.Application:
     """The application; `extra_routes` are called with it to add more routes (the batch view's page)."""
     middlewares = [_errors] + ([api_key_middleware(settings.api_key)] if settings.api_key else [])
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
@@ -112,8 +115,11 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         status = exc.status
         if exc.status < 400:
             raise
-        return APIError(exc.status, f"{exc.reason}: {request.method} {request.path}",
-                        "invalid_request_error" if exc.status < 500 else "internal_server_error").response()
+        return APIError(
+            exc.status,
+            f"{exc.reason}: {request.method} {request.path}",
+            "invalid_request_error" if exc.status < 500 else "internal_server_error",
+        ).response()
     except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
         status = 499  # the client went away (its handler is cancelled, or a write found the connection gone)
         raise
@@ -136,8 +142,9 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 async def _completions(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body = await read_json(request, settings.max_body_bytes)
-    generation = parse_completion(body, settings.models, settings.default_max_tokens, tokenizer.vocab_size,
-                                  settings.max_prompts_per_request)
+    generation = parse_completion(
+        body, settings.models, settings.default_max_tokens, tokenizer.vocab_size, settings.max_prompts_per_request
+    )
     return await _answer(request, generation, CompletionFormat(generation, tokenizer))
 
 
@@ -179,8 +186,13 @@ async def _max_model_len(app: web.Application, model: str) -> int | None:
 
 
 async def _model_card(app: web.Application, name: str) -> dict:
-    return {"id": name, "object": "model", "created": app[SETTINGS].started, "owned_by": "triton",
-            "max_model_len": await _max_model_len(app, name)}
+    return {
+        "id": name,
+        "object": "model",
+        "created": app[SETTINGS].started,
+        "owned_by": "triton",
+        "max_model_len": await _max_model_len(app, name),
+    }
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -202,8 +214,10 @@ async def _health(request: web.Request) -> web.Response:
 async def _ready(request: web.Request) -> web.Response:
     llm, models = request.app[LLM], request.app[SETTINGS].models
     ready = {m: await llm.is_model_ready(m) for m in models}
-    return web.json_response({"status": "ready" if all(ready.values()) else "not ready", "models": ready},
-                             status=200 if all(ready.values()) else 503)
+    return web.json_response(
+        {"status": "ready" if all(ready.values()) else "not ready", "models": ready},
+        status=200 if all(ready.values()) else 503,
+    )
 
 
 async def _metrics(request: web.Request) -> web.Response:

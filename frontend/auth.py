@@ -2,10 +2,11 @@
 /detokenize and the web page's calls need `Authorization: Bearer <key>`; /health, /health/ready, /metrics
 and the page's static files stay open (probes and scrapers carry no key; the page asks for the key itself).
 The comparison takes constant time and the key is never logged."""
+
 from __future__ import annotations
 
 import hmac
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 

@@ -7,6 +7,7 @@ fanned out to every viewer through a bounded queue of its own (a slow viewer los
 never holds up the others or the engine), and cancelled when the last viewer leaves, so the engine builds
 no records while nobody watches.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -160,9 +161,13 @@ async def _index(request: web.Request) -> web.FileResponse:
 async def _stream(request: web.Request) -> web.StreamResponse:
     """Server-sent events: each `data:` line is `{"records": [...], "dropped": {"engine": n, "viewer": m}}`."""
     hub = request.app[HUB_KEY]
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-    })
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
     await response.prepare(request)
     viewer = hub.join()
     idle_s = 0.0

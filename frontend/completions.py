@@ -6,12 +6,13 @@ refuses on arrival (a prompt too long, an n above its limit, a full queue) still
 error after that ends the stream with an error event. When the client goes away, the handler is cancelled,
 which cancels every Triton request of the generation (frontend/triton_stream.py).
 """
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
@@ -26,8 +27,9 @@ from .triton_stream import EngineError, SampleDelta, TritonLLM
 _END = object()
 
 
-async def merged_deltas(llm: TritonLLM, generation: Generation,
-                        admission: Admission) -> AsyncIterator[tuple[int, SampleDelta]]:
+async def merged_deltas(
+    llm: TritonLLM, generation: Generation, admission: Admission
+) -> AsyncIterator[tuple[int, SampleDelta]]:
     """(prompt index, delta) of every prompt's request, as they come, once `admission` has taken them all;
     all are cancelled if one fails."""
     ticket = await admission.admit(generation.model, len(generation.prompts))
@@ -73,8 +75,9 @@ def api_error(exc: EngineError) -> APIError:
     return bad_request(exc.message)
 
 
-async def answer_whole(llm: TritonLLM, generation: Generation, fmt: ResponseFormat,
-                       admission: Admission) -> web.Response:
+async def answer_whole(
+    llm: TritonLLM, generation: Generation, fmt: ResponseFormat, admission: Admission
+) -> web.Response:
     choices = {i: Choice() for i in range(generation.num_choices)}
     usage = Usage()
     try:
@@ -88,10 +91,12 @@ async def answer_whole(llm: TritonLLM, generation: Generation, fmt: ResponseForm
     return web.json_response(fmt.whole(choices, usage))
 
 
-async def answer_stream(request: web.Request, llm: TritonLLM, generation: Generation, fmt: ResponseFormat,
-                        admission: Admission) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+async def answer_stream(
+    request: web.Request, llm: TritonLLM, generation: Generation, fmt: ResponseFormat, admission: Admission
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
     usage = Usage()
 
     async def send(body: dict) -> None:

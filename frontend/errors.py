@@ -1,4 +1,5 @@
 """Errors in OpenAI's JSON shape: `{"error": {"message", "type", "param", "code"}}` with the HTTP status."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,15 @@ from aiohttp import web
 class APIError(Exception):
     """An error answered to the client as OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -39,13 +47,19 @@ def unsupported(param: str, why: str = "") -> APIError:
 
 
 def model_not_found(model: str, served: list[str]) -> APIError:
-    return APIError(404, f"The model '{model}' does not exist; served: {served}", "invalid_request_error",
-                    "model", "model_not_found")
+    return APIError(
+        404,
+        f"The model '{model}' does not exist; served: {served}",
+        "invalid_request_error",
+        "model",
+        "model_not_found",
+    )
 
 
 def body_too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body exceeds the limit of {limit} bytes", "invalid_request_error",
-                    None, "request_too_large")
+    return APIError(
+        413, f"the request body exceeds the limit of {limit} bytes", "invalid_request_error", None, "request_too_large"
+    )
 
 
 RETRY_AFTER_S = 1  # what a refused client is told to wait (the queue drains in seconds, not minutes)
@@ -56,8 +70,14 @@ def server_busy(message: str) -> APIError:
 
 
 def unauthorized() -> APIError:
-    return APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
-                    "invalid_request_error", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+    return APIError(
+        401,
+        "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+        "invalid_request_error",
+        None,
+        "invalid_api_key",
+        {"WWW-Authenticate": "Bearer"},
+    )
 
 
 def unavailable(message: str) -> APIError:

@@ -1,6 +1,7 @@
 """`/metrics`: the front door's own counters in Prometheus' text format, followed by the Triton server's
 metrics when its metrics URL is known (so one scrape, or AIPerf's probe of the endpoint's `/metrics`, sees
 both). Answers GET and HEAD."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -18,8 +19,10 @@ class FrontDoorMetrics:
         lines = [
             "# HELP frontdoor_requests_total OpenAI API requests answered, by route and HTTP status.",
             "# TYPE frontdoor_requests_total counter",
-            *(f'frontdoor_requests_total{{route="{route}",status="{status}"}} {count}'
-              for (route, status), count in sorted(self.requests.items())),
+            *(
+                f'frontdoor_requests_total{{route="{route}",status="{status}"}} {count}'
+                for (route, status), count in sorted(self.requests.items())
+            ),
             "# HELP frontdoor_requests_in_flight OpenAI API requests being answered.",
             "# TYPE frontdoor_requests_in_flight gauge",
             f"frontdoor_requests_in_flight {self.in_flight}",
@@ -39,5 +42,9 @@ async def triton_metrics(session: aiohttp.ClientSession, url: str) -> str:
 
 
 def metrics_response(own: FrontDoorMetrics, triton_text: str) -> web.Response:
-    return web.Response(text=own.render() + triton_text, content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type-Options": "nosniff"})
+    return web.Response(
+        text=own.render() + triton_text,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )

@@ -6,10 +6,12 @@ JSON for the model's `sampling_parameters`. Every field is type-checked here, an
 validated with the engine's own rules (backend/protocol/sampling_params.py) before anything is sent, so a bad value is
 a 400 naming the OpenAI parameter. A field this server does not act on is a 400, never silently ignored.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from backend.protocol.sampling_params import SamplingParams
 from backend.protocol.values import InvalidRequest
@@ -19,40 +21,103 @@ from .tools import ToolCalling, conversation, parse_tool_calling, tool_constrain
 
 # OpenAI (and vLLM-extra) parameters passed through to sampling_parameters under the same name.
 PASSTHROUGH = (
-    "temperature", "top_p", "n", "stop", "seed", "presence_penalty", "frequency_penalty",
-    "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
+    "stop_token_ids",
     # vLLM's structured-output extras (the openai SDK sends them with extra_body)
-    "guided_json", "guided_json_object", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+    "guided_json",
+    "guided_json_object",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
     "logit_bias",
 )
 DEFAULT_MAX_PROMPTS_PER_REQUEST = 64
-COMMON = frozenset(PASSTHROUGH + ("model", "max_tokens", "stream", "stream_options", "user",
-                                  "return_tokens_as_token_ids"))
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
-                        "tool_choice", "parallel_tool_calls"}
+COMMON = frozenset(
+    PASSTHROUGH + ("model", "max_tokens", "stream", "stream_options", "user", "return_tokens_as_token_ids")
+)
+CHAT_FIELDS = COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "suffix", "best_of"}
 # OpenAI parameters this server knows of and cannot honour: a 400 that says so (not "unknown").
-UNSUPPORTED = frozenset({
-    "functions", "function_call", "audio", "modalities",
-    "prediction", "reasoning_effort", "web_search_options", "store", "metadata", "service_tier",
-})
+UNSUPPORTED = frozenset(
+    {
+        "functions",
+        "function_call",
+        "audio",
+        "modalities",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "store",
+        "metadata",
+        "service_tier",
+    }
+)
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 _INT = (int,)
 _NUMBER = (int, float)
 # JSON types of each field (bool is checked apart: JSON true is not a number here).
 TYPES: dict[str, tuple] = {
-    "max_tokens": _INT, "max_completion_tokens": _INT, "n": _INT, "seed": _INT, "top_k": _INT,
-    "min_tokens": _INT, "top_logprobs": _INT, "best_of": _INT,
-    "temperature": _NUMBER, "top_p": _NUMBER, "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER,
-    "min_p": _NUMBER, "repetition_penalty": _NUMBER,
-    "stream": (bool,), "echo": (bool,), "ignore_eos": (bool,), "return_tokens_as_token_ids": (bool,),
-    "model": (str,), "user": (str,), "stop": (str, list), "stop_token_ids": (list,), "logit_bias": (dict,),
-    "stream_options": (dict,), "messages": (list,), "prompt": (str, list), "response_format": (dict,),
-    "tools": (list,), "tool_choice": (str, dict), "parallel_tool_calls": (bool,),
+    "max_tokens": _INT,
+    "max_completion_tokens": _INT,
+    "n": _INT,
+    "seed": _INT,
+    "top_k": _INT,
+    "min_tokens": _INT,
+    "top_logprobs": _INT,
+    "best_of": _INT,
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "presence_penalty": _NUMBER,
+    "frequency_penalty": _NUMBER,
+    "min_p": _NUMBER,
+    "repetition_penalty": _NUMBER,
+    "stream": (bool,),
+    "echo": (bool,),
+    "ignore_eos": (bool,),
+    "return_tokens_as_token_ids": (bool,),
+    "model": (str,),
+    "user": (str,),
+    "stop": (str, list),
+    "stop_token_ids": (list,),
+    "logit_bias": (dict,),
+    "stream_options": (dict,),
+    "messages": (list,),
+    "prompt": (str, list),
+    "response_format": (dict,),
+    "tools": (list,),
+    "tool_choice": (str, dict),
+    "parallel_tool_calls": (bool,),
 }
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", str: "a string", list: "an array",
-               dict: "an object"}
+_TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+}
 
 
 @dataclass
@@ -75,14 +140,16 @@ class Generation:
         return len(self.prompts) * self.n
 
 
-def parse_chat(body: Any, served: list[str], default_max_tokens: int,
-               render_chat: Callable[[list[dict]], str]) -> Generation:
+def parse_chat(
+    body: Any, served: list[str], default_max_tokens: int, render_chat: Callable[[list[dict]], str]
+) -> Generation:
     """A /v1/chat/completions body; `render_chat` applies the model's chat template."""
     body = check_fields(body, CHAT_FIELDS)
     model = served_model(body, served)
     if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
-        raise bad_request("give max_completion_tokens or max_tokens, not both with different values",
-                          "max_completion_tokens")
+        raise bad_request(
+            "give max_completion_tokens or max_tokens, not both with different values", "max_completion_tokens"
+        )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
     constraint = _response_format(body.get("response_format"))
     tool_calling = parse_tool_calling(body)
@@ -95,8 +162,10 @@ def parse_chat(body: Any, served: list[str], default_max_tokens: int,
     if "logprobs" in body and not isinstance(body["logprobs"], bool):
         raise bad_request(f"logprobs must be a boolean, got {body['logprobs']!r}", "logprobs")
     prompt = render_chat(conversation(chat_messages(body.get("messages")), tool_calling))
-    names = {"max_tokens": "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
-             "logprobs": "top_logprobs"}
+    names = {
+        "max_tokens": "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
+        "logprobs": "top_logprobs",
+    }
     if "response_format" in body:
         names.update(guided_json="response_format", guided_json_object="response_format")
     if tool_calling is not None:
@@ -116,21 +185,31 @@ def _response_format(response_format: Any) -> dict[str, Any]:
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):
-            raise bad_request('response_format.json_schema must be an object {"name": ..., "schema": {...}}',
-                              "response_format.json_schema")
+            raise bad_request(
+                'response_format.json_schema must be an object {"name": ..., "schema": {...}}',
+                "response_format.json_schema",
+            )
         schema = spec.get("schema")
         if schema is None:
             return {"guided_json_object": True}
         if not isinstance(schema, dict):
-            raise bad_request(f"response_format.json_schema.schema must be a JSON schema object, got {schema!r}",
-                              "response_format.json_schema.schema")
+            raise bad_request(
+                f"response_format.json_schema.schema must be a JSON schema object, got {schema!r}",
+                "response_format.json_schema.schema",
+            )
         return {"guided_json": schema}
-    raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-                      "response_format.type")
+    raise bad_request(
+        f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "response_format.type"
+    )
 
 
-def parse_completion(body: Any, served: list[str], default_max_tokens: int, vocab_size: int,
-                     max_prompts: int = DEFAULT_MAX_PROMPTS_PER_REQUEST) -> Generation:
+def parse_completion(
+    body: Any,
+    served: list[str],
+    default_max_tokens: int,
+    vocab_size: int,
+    max_prompts: int = DEFAULT_MAX_PROMPTS_PER_REQUEST,
+) -> Generation:
     """A /v1/completions body: `prompt` a string, a list of strings, a list of token ids or a list of such
     lists; at most `max_prompts` choices (prompts x n). `echo` with `logprobs` scores the prompt too."""
     body = check_fields(body, COMPLETION_FIELDS)
@@ -140,25 +219,31 @@ def parse_completion(body: Any, served: list[str], default_max_tokens: int, voca
     prompts = completion_prompts(body.get("prompt"), vocab_size)
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
-        raise bad_request(f"logprobs must be an integer (the number of alternatives, 0-20), got {logprobs!r}",
-                          "logprobs")
+        raise bad_request(
+            f"logprobs must be an integer (the number of alternatives, 0-20), got {logprobs!r}", "logprobs"
+        )
     n = body.get("n", 1)
     if body.get("best_of", n) != n:
         raise unsupported("best_of", " (other than equal to n)")
     if isinstance(n, int) and len(prompts) * n > max_prompts:
-        raise bad_request(f"this request asks for {len(prompts)} prompt(s) x n={n} = {len(prompts) * n} "
-                          f"completions; at most {max_prompts} are allowed per request (max_prompts_per_request)",
-                          "prompt", "too_many_prompts")
+        raise bad_request(
+            f"this request asks for {len(prompts)} prompt(s) x n={n} = {len(prompts) * n} "
+            f"completions; at most {max_prompts} are allowed per request (max_prompts_per_request)",
+            "prompt",
+            "too_many_prompts",
+        )
     echo, max_tokens = body.get("echo", False), body.get("max_tokens", default_max_tokens)
     if max_tokens == 0 and not echo:
-        raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing "
-                          "generated)", "max_tokens")
+        raise bad_request(
+            "max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing generated)", "max_tokens"
+        )
     scoring = {"prompt_logprobs": logprobs or 0} if echo and (logprobs is not None or max_tokens == 0) else {}
     return make_generation(body, model, prompts, max_tokens, logprobs, echo, {}, scoring)
 
 
-def check_fields(body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED,
-            field_types: dict[str, tuple] = TYPES) -> dict:
+def check_fields(
+    body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED, field_types: dict[str, tuple] = TYPES
+) -> dict:
     """The body's fields without nulls (null means the default), each known and of its JSON type;
     `refused`: the route's known fields this server cannot honour (400 unsupported_parameter)."""
     if not isinstance(body, dict):
@@ -168,8 +253,9 @@ def check_fields(body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED
         if key in refused:
             raise unsupported(key)
         if key not in allowed:
-            raise bad_request(f"unrecognized request argument '{key}'; supported: {sorted(allowed)}", key,
-                              "unknown_parameter")
+            raise bad_request(
+                f"unrecognized request argument '{key}'; supported: {sorted(allowed)}", key, "unknown_parameter"
+            )
         types = field_types.get(key)
         value = body[key]
         if types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
@@ -203,8 +289,9 @@ def chat_messages(messages: Any) -> list[dict]:
         tool_calls = _tool_calls(message.get("tool_calls"), role, param)
         content = message.get("content")
         content = "" if content is None and tool_calls else _content(content, f"{param}.content")
-        out.append({**message, "role": "system" if role == "developer" else role, "content": content,
-                    "tool_calls": tool_calls})
+        out.append(
+            {**message, "role": "system" if role == "developer" else role, "content": content, "tool_calls": tool_calls}
+        )
     return out
 
 
@@ -218,10 +305,16 @@ def _tool_calls(calls: Any, role: str, param: str) -> list[dict]:
         raise bad_request(f"{param}.tool_calls must be an array", f"{param}.tool_calls")
     for i, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
-                and isinstance(function.get("arguments"), str)):
-            raise bad_request(f"{param}.tool_calls[{i}] must be {{\"type\": \"function\", \"function\": "
-                              f"{{\"name\": str, \"arguments\": str}}}}, got {call!r}", f"{param}.tool_calls")
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str)
+        ):
+            raise bad_request(
+                f'{param}.tool_calls[{i}] must be {{"type": "function", "function": '
+                f'{{"name": str, "arguments": str}}}}, got {call!r}',
+                f"{param}.tool_calls",
+            )
     return calls
 
 
@@ -233,8 +326,9 @@ def _content(content: Any, param: str) -> str:
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"{param}: only text parts ({{'type': 'text', 'text': ...}}) are supported, "
-                                  f"got {part!r}", param)
+                raise bad_request(
+                    f"{param}: only text parts ({{'type': 'text', 'text': ...}}) are supported, got {part!r}", param
+                )
             texts.append(part["text"])
         return "".join(texts)
     raise bad_request(f"{param} must be a string or an array of text parts, got {content!r}", param)
@@ -257,8 +351,9 @@ def completion_prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
             raise bad_request(f"prompt must be {form}; prompt[{i}] is {str(one)[:40]}", "prompt")
         elif not all(0 <= t < vocab_size for t in one):
             bad = [t for t in one if not 0 <= t < vocab_size][:5]
-            raise bad_request(f"prompt[{i}] holds token ids outside the vocabulary (0 to {vocab_size - 1}): {bad}",
-                              "prompt")
+            raise bad_request(
+                f"prompt[{i}] holds token ids outside the vocabulary (0 to {vocab_size - 1}): {bad}", "prompt"
+            )
     return list(prompts)
 
 
@@ -266,8 +361,16 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def make_generation(body: dict, model: str, prompts: list[str], max_tokens: Any, logprobs: int | None,
-                echo: bool, names: dict[str, str], constraint: dict[str, Any] | None = None) -> Generation:
+def make_generation(
+    body: dict,
+    model: str,
+    prompts: list[str],
+    max_tokens: Any,
+    logprobs: int | None,
+    echo: bool,
+    names: dict[str, str],
+    constraint: dict[str, Any] | None = None,
+) -> Generation:
     stream = body.get("stream", False)
     options = body.get("stream_options")
     if options is not None:
@@ -284,9 +387,17 @@ def make_generation(body: dict, model: str, prompts: list[str], max_tokens: Any,
     if logprobs is not None:
         sampling["logprobs"] = logprobs
     _validate(sampling, names)
-    return Generation(model, prompts, sampling, sampling.get("n", 1), stream,
-                      bool((options or {}).get("include_usage")), echo, logprobs,
-                      body.get("return_tokens_as_token_ids", False))
+    return Generation(
+        model,
+        prompts,
+        sampling,
+        sampling.get("n", 1),
+        stream,
+        bool((options or {}).get("include_usage")),
+        echo,
+        logprobs,
+        body.get("return_tokens_as_token_ids", False),
+    )
 
 
 def _validate(sampling: dict, names: dict[str, str]) -> None:

@@ -1,5 +1,6 @@
 """The model's deltas in OpenAI's response shapes: chat completions and (legacy) completions, whole or as
 stream chunks, with usage and logprobs."""
+
 from __future__ import annotations
 
 import time
@@ -62,8 +63,13 @@ class ResponseFormat:
             self.prompt_logprobs[prompt_index] = delta.prompt_logprobs
 
     def _envelope(self, object_name: str, choices: list[dict]) -> dict:
-        return {"id": self.id, "object": object_name, "created": self.created, "model": self.generation.model,
-                "choices": choices}
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.generation.model,
+            "choices": choices,
+        }
 
     def chunk(self, choices: list[dict]) -> dict:
         body = self._envelope(self.chunk_object_name, choices)
@@ -75,8 +81,10 @@ class ResponseFormat:
         return {**self._envelope(self.chunk_object_name, []), "usage": usage.body()}
 
     def whole(self, choices: dict[int, Choice], usage: Usage) -> dict:
-        return {**self._envelope(self.object_name, [self.whole_choice(i, choices[i])
-                                                     for i in sorted(choices)]), "usage": usage.body()}
+        return {
+            **self._envelope(self.object_name, [self.whole_choice(i, choices[i]) for i in sorted(choices)]),
+            "usage": usage.body(),
+        }
 
     def token_text(self, token_id: int) -> str:
         return f"token_id:{token_id}" if self.generation.tokens_as_ids else self.tokenizer.token_text(token_id)
@@ -110,8 +118,10 @@ class ChatFormat(ResponseFormat):
         self._parsers: dict[int, ToolCallParser] = {}  # streaming: one per choice
 
     def opening_choices(self) -> list[dict]:
-        return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                for i in range(self.generation.num_choices)]
+        return [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            for i in range(self.generation.num_choices)
+        ]
 
     def delta_choice(self, index: int, delta: SampleDelta) -> dict:
         content, calls, finish_reason = delta.text, [], delta.finish_reason
@@ -127,8 +137,12 @@ class ChatFormat(ResponseFormat):
         message = {"content": content} if content else {}
         if calls:
             message["tool_calls"] = calls
-        return {"index": index, "delta": message, "logprobs": self._logprobs(delta.logprobs or []),
-                "finish_reason": finish_reason}
+        return {
+            "index": index,
+            "delta": message,
+            "logprobs": self._logprobs(delta.logprobs or []),
+            "finish_reason": finish_reason,
+        }
 
     def whole_choice(self, index: int, choice: Choice) -> dict:
         message = {"role": "assistant", "content": choice.text}
@@ -139,20 +153,31 @@ class ChatFormat(ResponseFormat):
             content, calls = parser.feed(choice.text)
             content += parser.finish()
             if calls:
-                message = {"role": "assistant", "content": content.strip() or None,
-                           "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]}
+                message = {
+                    "role": "assistant",
+                    "content": content.strip() or None,
+                    "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls],
+                }
                 finish_reason = _finish_reason(finish_reason, len(calls))
-        return {"index": index, "message": message, "logprobs": self._logprobs(choice.logprobs),
-                "finish_reason": finish_reason}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": self._logprobs(choice.logprobs),
+            "finish_reason": finish_reason,
+        }
 
     def _logprobs(self, entries: list[dict]) -> dict | None:
         if self.generation.logprobs is None:
             return None
-        return {"content": [
-            {**self._token(entry["token_id"], entry["logprob"]),
-             "top_logprobs": [self._token(int(t), lp) for t, lp in (entry.get("top_logprobs") or {}).items()]}
-            for entry in entries
-        ]}
+        return {
+            "content": [
+                {
+                    **self._token(entry["token_id"], entry["logprob"]),
+                    "top_logprobs": [self._token(int(t), lp) for t, lp in (entry.get("top_logprobs") or {}).items()],
+                }
+                for entry in entries
+            ]
+        }
 
     def _token(self, token_id: int, logprob: float) -> dict:
         text = self.token_text(token_id)
@@ -181,16 +206,27 @@ class CompletionFormat(ResponseFormat):
             self._echoed.add(index)
             prefix, echoed = self.prompt_of(index), self._prompt_entries(index)
         # text_offset counts from the start of this chunk's text (OpenAI's streams do the same)
-        return {"index": index, "text": prefix + delta.text,
-                "logprobs": self._logprobs(echoed + (delta.logprobs or []), 0), "finish_reason": delta.finish_reason}
+        return {
+            "index": index,
+            "text": prefix + delta.text,
+            "logprobs": self._logprobs(echoed + (delta.logprobs or []), 0),
+            "finish_reason": delta.finish_reason,
+        }
 
     def whole_choice(self, index: int, choice: Choice) -> dict:
         if not self.generation.echo:
-            return {"index": index, "text": choice.text, "logprobs": self._logprobs(choice.logprobs, 0),
-                    "finish_reason": choice.finish_reason}
-        return {"index": index, "text": self.prompt_of(index) + choice.text,
-                "logprobs": self._logprobs(self._prompt_entries(index) + choice.logprobs, 0),
-                "finish_reason": choice.finish_reason}
+            return {
+                "index": index,
+                "text": choice.text,
+                "logprobs": self._logprobs(choice.logprobs, 0),
+                "finish_reason": choice.finish_reason,
+            }
+        return {
+            "index": index,
+            "text": self.prompt_of(index) + choice.text,
+            "logprobs": self._logprobs(self._prompt_entries(index) + choice.logprobs, 0),
+            "finish_reason": choice.finish_reason,
+        }
 
     def _prompt_entries(self, index: int) -> list[dict]:
         """The prompt's tokens as logprob entries (none unless logprobs were asked for): the first token, which
@@ -216,8 +252,11 @@ class CompletionFormat(ResponseFormat):
         return {
             "tokens": tokens,
             "token_logprobs": [entry["logprob"] for entry in entries],
-            "top_logprobs": [None if entry["logprob"] is None else
-                             {self.token_text(int(t)): lp for t, lp in (entry.get("top_logprobs") or {}).items()}
-                             for entry in entries],
+            "top_logprobs": [
+                None
+                if entry["logprob"] is None
+                else {self.token_text(int(t)): lp for t, lp in (entry.get("top_logprobs") or {}).items()}
+                for entry in entries
+            ],
             "text_offset": offsets,
         }

@@ -5,6 +5,7 @@ Python's JSON parser recurses once per nesting level: a body of 100,000 `[` woul
 a dozen or two), so anything deeper than MAX_JSON_DEPTH is refused as a 400 before parsing. The depth is
 measured with one regular-expression pass that skips over strings, so brackets inside text do not count.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ async def read_json(request: web.Request, limit: int):
 
 def parse_json(body: bytes):
     if too_deep(body):
-        raise bad_request(f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep; at most "
-                          f"{MAX_JSON_DEPTH} are allowed")
+        raise bad_request(
+            f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep; at most {MAX_JSON_DEPTH} are allowed"
+        )
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -7,29 +7,71 @@ client sends the whole conversation in `input` each time, earlier `function_call
 items included (a Response's `output` items can be appended to `input` as they are). docs/frontend.md
 "Responses API" has the mapping.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .errors import APIError, bad_request, unsupported
 from .openai_protocol import TYPES, Generation, check_fields, make_generation, served_model
 from .tools import ToolCalling, conversation, parse_tool_calling, tool_constraint
 
-FIELDS = frozenset({
-    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "stream_options",
-    "tools", "tool_choice", "parallel_tool_calls", "text", "truncation", "metadata", "user", "safety_identifier",
-    "store", "previous_response_id",
-})
+FIELDS = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+        "stream_options",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "truncation",
+        "metadata",
+        "user",
+        "safety_identifier",
+        "store",
+        "previous_response_id",
+    }
+)
 # Responses API parameters this server knows of and cannot honour: a 400 that says so (not "unknown").
-UNSUPPORTED = frozenset({
-    "background", "conversation", "include", "max_tool_calls", "prompt", "prompt_cache_key", "prompt_cache_options",
-    "prompt_cache_retention", "reasoning", "service_tier", "top_logprobs", "context_management", "access_programs",
-    "image", "moderation",
-})
-FIELD_TYPES = {**TYPES, "input": (str, list), "instructions": (str,), "max_output_tokens": (int,), "text": (dict,),
-               "truncation": (str,), "metadata": (dict,), "safety_identifier": (str,), "store": (bool,),
-               "previous_response_id": (str,)}
+UNSUPPORTED = frozenset(
+    {
+        "background",
+        "conversation",
+        "include",
+        "max_tool_calls",
+        "prompt",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning",
+        "service_tier",
+        "top_logprobs",
+        "context_management",
+        "access_programs",
+        "image",
+        "moderation",
+    }
+)
+FIELD_TYPES = {
+    **TYPES,
+    "input": (str, list),
+    "instructions": (str,),
+    "max_output_tokens": (int,),
+    "text": (dict,),
+    "truncation": (str,),
+    "metadata": (dict,),
+    "safety_identifier": (str,),
+    "store": (bool,),
+    "previous_response_id": (str,),
+}
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 ITEM_KEYS = {  # the fields of each input item this server reads or may ignore (ids and statuses of echoed output)
     "message": {"type", "role", "content", "id", "status", "phase"},
@@ -51,17 +93,22 @@ class ResponsesRequest:
     settings: dict[str, Any]
 
 
-def parse_responses(body: Any, served: list[str], default_max_tokens: int,
-                    render_chat: Callable[[list[dict]], str]) -> ResponsesRequest:
+def parse_responses(
+    body: Any, served: list[str], default_max_tokens: int, render_chat: Callable[[list[dict]], str]
+) -> ResponsesRequest:
     """A /v1/responses body; `render_chat` applies the model's chat template."""
     body = check_fields(body, FIELDS, UNSUPPORTED, FIELD_TYPES)
     model = served_model(body, served)
     if "previous_response_id" in body:
-        raise bad_request(f"previous_response_id is not supported: {STATELESS}", "previous_response_id",
-                          "unsupported_parameter")
+        raise bad_request(
+            f"previous_response_id is not supported: {STATELESS}", "previous_response_id", "unsupported_parameter"
+        )
     if body.get("store"):
-        raise bad_request(f"store: true is not supported: {STATELESS} (send store: false or leave it out)",
-                          "store", "unsupported_parameter")
+        raise bad_request(
+            f"store: true is not supported: {STATELESS} (send store: false or leave it out)",
+            "store",
+            "unsupported_parameter",
+        )
     if body.get("truncation", "disabled") != "disabled":
         raise unsupported("truncation", ' other than "disabled" (a prompt too long for the model is a 400)')
     _check_stream_options(body)
@@ -74,29 +121,52 @@ def parse_responses(body: Any, served: list[str], default_max_tokens: int,
     if "instructions" in body:
         messages.insert(0, {"role": "system", "content": body["instructions"]})
     prompt = render_chat(conversation(messages, tool_calling))
-    names = {"max_tokens": "max_output_tokens", "guided_json": "text.format", "guided_json_object": "text.format",
-             "guided_grammar": "tools"}
+    names = {
+        "max_tokens": "max_output_tokens",
+        "guided_json": "text.format",
+        "guided_json_object": "text.format",
+        "guided_grammar": "tools",
+    }
     sampling_body = {key: body[key] for key in ("temperature", "top_p", "stream") if key in body}
-    generation = make_generation(sampling_body, model, [prompt], body.get("max_output_tokens", default_max_tokens),
-                             None, False, names, constraint)
+    generation = make_generation(
+        sampling_body,
+        model,
+        [prompt],
+        body.get("max_output_tokens", default_max_tokens),
+        None,
+        False,
+        names,
+        constraint,
+    )
     generation.tool_calling = tool_calling
-    return ResponsesRequest(generation, {
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "metadata": body.get("metadata", {}),
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": None,
-        "safety_identifier": body.get("safety_identifier"),
-        "store": False,
-        "temperature": body.get("temperature", 1.0),
-        "text": {"format": text_format},
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": [{"type": "function", "name": t["name"], "description": t.get("description"),
-                   "parameters": t.get("parameters"), "strict": t.get("strict")} for t in body.get("tools", [])],
-        "top_p": body.get("top_p", 1.0),
-        "truncation": "disabled",
-        "user": body.get("user"),
-    })
+    return ResponsesRequest(
+        generation,
+        {
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "metadata": body.get("metadata", {}),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": None,
+            "safety_identifier": body.get("safety_identifier"),
+            "store": False,
+            "temperature": body.get("temperature", 1.0),
+            "text": {"format": text_format},
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": [
+                {
+                    "type": "function",
+                    "name": t["name"],
+                    "description": t.get("description"),
+                    "parameters": t.get("parameters"),
+                    "strict": t.get("strict"),
+                }
+                for t in body.get("tools", [])
+            ],
+            "top_p": body.get("top_p", 1.0),
+            "truncation": "disabled",
+            "user": body.get("user"),
+        },
+    )
 
 
 def _check_stream_options(body: dict) -> None:
@@ -130,11 +200,13 @@ def _text_format(text: Any) -> dict:
         if not isinstance(fmt.get("name"), str):
             raise bad_request("text.format.name is required (a string) with type json_schema", "text.format.name")
         if not isinstance(fmt.get("schema"), dict):
-            raise bad_request(f"text.format.schema must be a JSON schema object, got {fmt.get('schema')!r}",
-                              "text.format.schema")
+            raise bad_request(
+                f"text.format.schema must be a JSON schema object, got {fmt.get('schema')!r}", "text.format.schema"
+            )
     elif kind not in ("text", "json_object"):
-        raise bad_request(f"text.format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-                          "text.format.type")
+        raise bad_request(
+            f"text.format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "text.format.type"
+        )
     return fmt
 
 
@@ -165,13 +237,18 @@ def _tool_calling(body: dict) -> ToolCalling | None:
 def _tool(tool: Any, param: str) -> dict:
     """A {"type": "function", "name", ...} tool in chat's shape."""
     if not isinstance(tool, dict):
-        raise bad_request(f'{param} must be a function tool {{"type": "function", "name": ..., "parameters": '
-                          f'{{...}}}}, got {tool!r}', param)
+        raise bad_request(
+            f'{param} must be a function tool {{"type": "function", "name": ..., "parameters": {{...}}}}, got {tool!r}',
+            param,
+        )
     if tool.get("type") != "function":
         raise unsupported(param, f" (a {tool.get('type')!r} tool: only function tools are supported)")
     if "function" in tool:
-        raise bad_request(f'{param}: a Responses API function tool is flat, {{"type": "function", "name": ..., '
-                          '"parameters": {...}}, not nested under "function" as on /v1/chat/completions', param)
+        raise bad_request(
+            f'{param}: a Responses API function tool is flat, {{"type": "function", "name": ..., '
+            '"parameters": {...}}, not nested under "function" as on /v1/chat/completions',
+            param,
+        )
     extra = set(tool) - TOOL_KEYS
     if extra:
         raise unsupported(f"{param}.{sorted(extra)[0]}")
@@ -183,11 +260,14 @@ def _tool_choice(choice: Any) -> Any:
     if not isinstance(choice, dict):
         return choice
     if choice.get("type") != "function":
-        raise unsupported("tool_choice", f" (type {choice.get('type')!r}: only none, auto, required or a "
-                                         "named function)")
+        raise unsupported(
+            "tool_choice", f" (type {choice.get('type')!r}: only none, auto, required or a named function)"
+        )
     if not isinstance(choice.get("name"), str) or set(choice) != {"type", "name"}:
-        raise bad_request(f'tool_choice must be "none", "auto", "required" or {{"type": "function", "name": ...}}, '
-                          f"got {choice!r}", "tool_choice")
+        raise bad_request(
+            f'tool_choice must be "none", "auto", "required" or {{"type": "function", "name": ...}}, got {choice!r}',
+            "tool_choice",
+        )
     return {"type": "function", "function": {"name": choice["name"]}}
 
 
@@ -214,21 +294,30 @@ def _input(items: Any) -> list[dict]:
             role = item.get("role")
             if role not in ROLES:
                 raise bad_request(f"{param}.role must be one of {list(ROLES)}, got {role!r}", f"{param}.role")
-            messages.append({"role": ROLES[role], "content": _text(item.get("content"), f"{param}.content"),
-                             "tool_calls": []})
+            messages.append(
+                {"role": ROLES[role], "content": _text(item.get("content"), f"{param}.content"), "tool_calls": []}
+            )
             continue
         for key in ("call_id", "name", "arguments") if kind == "function_call" else ("call_id",):
             if not isinstance(item.get(key), str):
                 raise bad_request(f"{param}.{key} must be a string, got {item.get(key)!r}", f"{param}.{key}")
         if kind == "function_call":  # an earlier call: part of the assistant turn it follows
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
             if not messages or messages[-1]["role"] != "assistant":
                 messages.append({"role": "assistant", "content": "", "tool_calls": []})
             messages[-1]["tool_calls"].append(call)
         else:
-            messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                             "content": _text(item.get("output"), f"{param}.output")})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item["call_id"],
+                    "content": _text(item.get("output"), f"{param}.output"),
+                }
+            )
     return messages
 
 

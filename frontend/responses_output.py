@@ -6,6 +6,7 @@ SDK's `openai.types.responses`. With tools, tool calls are parsed out of the tex
 A streamed answer's 200 is sent only when the first token arrives (a request the model refuses keeps its
 status, as in completions.py); an engine failure after that is an `error` event, then `response.failed`.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,9 @@ class OutputItems:
         if not self.items:
             events += self._open()
         if self._message is not None:
-            events += self._write_now(self._held) + self._close("incomplete" if finish_reason == "length"
-                                                               else "completed")
+            events += self._write_now(self._held) + self._close(
+                "incomplete" if finish_reason == "length" else "completed"
+            )
         self._held = ""
         return events
 
@@ -83,22 +85,37 @@ class OutputItems:
         return events + [{"type": "response.output_text.delta", **self._where(), "delta": text, "logprobs": []}]
 
     def _open(self) -> list[dict]:
-        self._message = {"type": "message", "id": _id("msg"), "status": "in_progress", "role": "assistant",
-                         "content": []}
+        self._message = {
+            "type": "message",
+            "id": _id("msg"),
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
         self._text = ""
         self.items.append(self._message)
-        return [{"type": "response.output_item.added", "output_index": len(self.items) - 1,
-                 "item": dict(self._message, content=[])},
-                {"type": "response.content_part.added", **self._where(), "part": _text_part("")}]
+        return [
+            {
+                "type": "response.output_item.added",
+                "output_index": len(self.items) - 1,
+                "item": dict(self._message, content=[]),
+            },
+            {"type": "response.content_part.added", **self._where(), "part": _text_part("")},
+        ]
 
     def _close(self, status: str) -> list[dict]:
         where, message = self._where(), self._message
         message.update(status=status, content=[_text_part(self._text)])
         self._message = None
-        return [{"type": "response.output_text.done", **where, "text": self._text, "logprobs": []},
-                {"type": "response.content_part.done", **where, "part": _text_part(self._text)},
-                {"type": "response.output_item.done", "output_index": where["output_index"],
-                 "item": dict(message, content=[_text_part(self._text)])}]
+        return [
+            {"type": "response.output_text.done", **where, "text": self._text, "logprobs": []},
+            {"type": "response.content_part.done", **where, "part": _text_part(self._text)},
+            {
+                "type": "response.output_item.done",
+                "output_index": where["output_index"],
+                "item": dict(message, content=[_text_part(self._text)]),
+            },
+        ]
 
     def _where(self) -> dict:
         return {"item_id": self._message["id"], "output_index": len(self.items) - 1, "content_index": 0}
@@ -107,13 +124,22 @@ class OutputItems:
         self._held = ""
         events = self._close("completed") if self._message is not None else []
         function = call["function"]
-        item = {"type": "function_call", "id": _id("fc"), "call_id": call["id"], "name": function["name"],
-                "arguments": function["arguments"], "status": "completed"}
+        item = {
+            "type": "function_call",
+            "id": _id("fc"),
+            "call_id": call["id"],
+            "name": function["name"],
+            "arguments": function["arguments"],
+            "status": "completed",
+        }
         self.items.append(item)
         where = {"item_id": item["id"], "output_index": len(self.items) - 1}
         return events + [
-            {"type": "response.output_item.added", "output_index": where["output_index"],
-             "item": dict(item, arguments="", status="in_progress")},
+            {
+                "type": "response.output_item.added",
+                "output_index": where["output_index"],
+                "item": dict(item, arguments="", status="in_progress"),
+            },
             {"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]},
             {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
             {"type": "response.output_item.done", "output_index": where["output_index"], "item": dict(item)},
@@ -149,36 +175,51 @@ class ResponseAnswer:
         usage = self.usage.body()
         done = status in ("completed", "incomplete")
         return {
-            "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-            "completed_at": int(time.time()) if status == "completed" else None, "background": False,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "background": False,
             "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "model": self.parsed.generation.model, "output": self.output.output(), **self.parsed.settings,
+            "model": self.parsed.generation.model,
+            "output": self.output.output(),
+            **self.parsed.settings,
             "usage": {
                 "input_tokens": usage["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": usage["completion_tokens"],
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": usage["total_tokens"],
-            } if done else None,
+            }
+            if done
+            else None,
         }
 
     def opening(self) -> list[dict]:
-        return [{"type": kind, "response": self.body("in_progress")}
-                for kind in ("response.created", "response.in_progress")]
+        return [
+            {"type": kind, "response": self.body("in_progress")}
+            for kind in ("response.created", "response.in_progress")
+        ]
 
     def closing(self) -> dict:
         """`response.completed`, or `response.incomplete` when max_output_tokens cut the answer."""
         return {"type": f"response.{self.status}", "response": self.body()}
 
     def failed(self, error: APIError) -> list[dict]:
-        return [{"type": "error", "code": error.code or error.type, "message": error.message, "param": error.param},
-                {"type": "response.failed",
-                 "response": self.body("failed", {"code": "server_error", "message": error.message})}]
+        return [
+            {"type": "error", "code": error.code or error.type, "message": error.message, "param": error.param},
+            {
+                "type": "response.failed",
+                "response": self.body("failed", {"code": "server_error", "message": error.message}),
+            },
+        ]
 
 
-async def answer_responses(request: web.Request, llm: TritonLLM, parsed: ResponsesRequest,
-                           admission: Admission) -> web.StreamResponse:
+async def answer_responses(
+    request: web.Request, llm: TritonLLM, parsed: ResponsesRequest, admission: Admission
+) -> web.StreamResponse:
     """The Response, whole or as server-sent events (`stream: true`)."""
     answer = ResponseAnswer(parsed)
     if not parsed.generation.stream:
@@ -189,8 +230,9 @@ async def answer_responses(request: web.Request, llm: TritonLLM, parsed: Respons
             raise api_error(exc) from None
         return web.json_response(answer.body())
 
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
     sequence_number = 0
 
     async def send(events: list[dict]) -> None:

@@ -6,21 +6,25 @@ a prompt to `max_model_len` or build token-id prompts exactly as the model will 
                       -> {"count", "max_model_len", "tokens", "token_strs": null}
     POST /detokenize  {"model", "tokens": [ids]} -> {"prompt": text}
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import bad_request
 from .openai_protocol import chat_messages, check_fields, completion_prompts, served_model
 from .tokenizer import ModelTokenizer
 
-TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                             "return_token_strs"})
+TOKENIZE_FIELDS = frozenset(
+    {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs"}
+)
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 
 
-def tokenize(body: Any, served: list[str], tokenizer: ModelTokenizer,
-             render_chat: Callable[[list[dict]], str]) -> tuple[str, dict]:
+def tokenize(
+    body: Any, served: list[str], tokenizer: ModelTokenizer, render_chat: Callable[[list[dict]], str]
+) -> tuple[str, dict]:
     """(model, answer) for a /tokenize body."""
     body = check_fields(body, TOKENIZE_FIELDS)
     model = served_model(body, served)
@@ -31,8 +35,11 @@ def tokenize(body: Any, served: list[str], tokenizer: ModelTokenizer,
         raise bad_request("give prompt (a string) or messages (a chat), exactly one", "prompt")
     if "messages" in body:
         if body.get("add_generation_prompt") is False:
-            raise bad_request("add_generation_prompt: false is not supported (the prompt the model is sent ends "
-                              "where the assistant's answer starts)", "add_generation_prompt")
+            raise bad_request(
+                "add_generation_prompt: false is not supported (the prompt the model is sent ends "
+                "where the assistant's answer starts)",
+                "add_generation_prompt",
+            )
         text, special = render_chat(chat_messages(body["messages"])), False  # the template holds its own specials
     else:
         if not isinstance(body["prompt"], str):
@@ -52,6 +59,5 @@ def detokenize(body: Any, served: list[str], tokenizer: ModelTokenizer) -> dict:
         raise bad_request("tokens must be an array of token ids", "tokens")
     bad = [t for t in tokens if not 0 <= t < tokenizer.vocab_size][:5]
     if bad:
-        raise bad_request(f"tokens holds ids outside the vocabulary (0 to {tokenizer.vocab_size - 1}): {bad}",
-                          "tokens")
+        raise bad_request(f"tokens holds ids outside the vocabulary (0 to {tokenizer.vocab_size - 1}): {bad}", "tokens")
     return {"prompt": tokenizer.decode(tokens)}

@@ -9,6 +9,7 @@ transformers, which imports torch when it loads a tokenizer. It gives the same r
 are `__call__` and `decode`, and the template renders as `apply_chat_template(..., tokenize=False)` does
 (transformers/utils/chat_template_utils.py). tests/unit/test_frontend_tokenizer.py compares the two.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,7 +51,8 @@ class ModelTokenizer:
             raise ValueError(f"the tokenizer in {model_dir} has no chat template; /v1/chat/completions needs one")
         self._clean_up_spaces = bool(settings.get("clean_up_tokenization_spaces", False)) and (
             type(self.tokenizer.model).__name__ != "BPE"  # transformers skips the clean-up for BPE, unless told
-            or bool(settings.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)))
+            or bool(settings.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False))
+        )
         config = _read_json(folder / "config.json") or {}
         text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         vocab_size = config.get("vocab_size", text_config.get("vocab_size"))
@@ -68,8 +70,9 @@ class ModelTokenizer:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
         return _clean_up_tokenization(text) if self._clean_up_spaces else text
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True
+    ) -> str:
         """The prompt text for `messages`, by default ending where the assistant's answer starts."""
         try:
             return self._render(messages, tools, add_generation_prompt)
@@ -89,15 +92,21 @@ class ModelTokenizer:
         chat = [{k: v for k, v in message.items() if v is not None} for message in messages]
         template = _compile_jinja_template(source)  # a syntax error comes first, as in transformers
         if tools is not None and not all(isinstance(tool, dict) for tool in tools):
-            raise ValueError("Tools should either be a JSON schema, or a callable function with type hints "
-                             "and a docstring suitable for auto-conversion to a schema.")
+            raise ValueError(
+                "Tools should either be a JSON schema, or a callable function with type hints "
+                "and a docstring suitable for auto-conversion to a schema."
+            )
         chat = _plain_template_data(chat)
         for message in chat:
             if not isinstance(message, dict):
                 raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {message!r}.")
         return template.render(
-            messages=_alias_reasoning_fields(chat), tools=_plain_template_data(tools), documents=None,
-            add_generation_prompt=add_generation_prompt, **self.special_tokens)
+            messages=_alias_reasoning_fields(chat),
+            tools=_plain_template_data(tools),
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self.special_tokens,
+        )
 
     def _template_source(self, tools: list[dict] | None) -> str:
         """transformers' get_chat_template: the one template, or the default (tool_use with tools) of several."""
@@ -110,7 +119,8 @@ class ModelTokenizer:
         raise ValueError(
             "This model has multiple chat templates with no default specified! Please either pass a chat "
             "template or the name of the template you wish to use to the `chat_template` argument. Available "
-            f"template names are {sorted(self.chat_template)}.")
+            f"template names are {sorted(self.chat_template)}."
+        )
 
 
 def _read_json(path: Path) -> Any:
@@ -144,8 +154,11 @@ def _tokenizer_settings(folder: Path) -> dict:
         settings["chat_template"] = {t["name"]: t["template"] for t in settings["chat_template"]}
     if "additional_special_tokens" in settings and not settings.get("extra_special_tokens"):
         settings["extra_special_tokens"] = settings.pop("additional_special_tokens")
-    model_specific = {key: value for key, value in settings.items()
-                      if key not in SPECIAL_TOKEN_NAMES and key.endswith("_token") and isinstance(value, str)}
+    model_specific = {
+        key: value
+        for key, value in settings.items()
+        if key not in SPECIAL_TOKEN_NAMES and key.endswith("_token") and isinstance(value, str)
+    }
     if isinstance(settings.get("extra_special_tokens"), dict):
         model_specific.update(settings.pop("extra_special_tokens"))
     if "added_tokens_decoder" not in settings:
@@ -160,8 +173,10 @@ def _tokenizer_settings(folder: Path) -> dict:
             model_specific.update(settings.pop("extra_special_tokens"))
         specials = {_text(settings[k]) for k in SPECIAL_TOKEN_NAMES if settings.get(k)}
         specials |= {_text(t) for t in settings.get("extra_special_tokens") or []}
-        decoder = {int(index): {"content": text, "normalized": text not in specials, "special": text in specials}
-                   for text, index in (_read_json(folder / "added_tokens.json") or {}).items()}
+        decoder = {
+            int(index): {"content": text, "normalized": text not in specials, "special": text in specials}
+            for text, index in (_read_json(folder / "added_tokens.json") or {}).items()
+        }
         for token in (_read_json(folder / "tokenizer.json") or {}).get("added_tokens", []):
             decoder[int(token["id"])] = token
         settings["added_tokens_decoder"] = decoder
@@ -195,8 +210,13 @@ def _special_tokens(settings: dict) -> tuple[dict[str, Any], list[Any]]:
         if not isinstance(value, (str, dict)):
             raise TypeError(f"Special token {key} has to be either str or AddedToken but got: {type(value)}")
         named[key] = value
-    auto = {key: value for key, value in settings.items() if key not in SPECIAL_TOKEN_NAMES and key.endswith("_token")
-            and (isinstance(value, str) or (isinstance(value, dict) and "content" in value))}
+    auto = {
+        key: value
+        for key, value in settings.items()
+        if key not in SPECIAL_TOKEN_NAMES
+        and key.endswith("_token")
+        and (isinstance(value, str) or (isinstance(value, dict) and "content" in value))
+    }
     named.update({**auto, **settings["_model_specific"]})
     extra = settings.get("extra_special_tokens") or []
     if not isinstance(extra, (list, tuple)):
@@ -216,8 +236,9 @@ def _backend(folder: Path, settings: dict, named: dict[str, Any], extra: list[An
     backend.no_truncation()
     backend.no_padding()
     decoder = settings.get("added_tokens_decoder") or {}
-    to_add = [_added_token(token) for _, token in sorted(((int(i), t) for i, t in decoder.items()),
-                                                           key=lambda item: item[0])]
+    to_add = [
+        _added_token(token) for _, token in sorted(((int(i), t) for i, t in decoder.items()), key=lambda item: item[0])
+    ]
     known = {token.content for token in backend.get_added_tokens_decoder().values()} | {t.content for t in to_add}
     named_texts = {_text(token) for token in named.values() if token}
     for token in [*named.values(), *extra]:
@@ -237,8 +258,18 @@ def _backend(folder: Path, settings: dict, named: dict[str, Any], extra: list[An
 
 def _clean_up_tokenization(text: str) -> str:
     """transformers' clean_up_tokenization (clean_up_tokenization_spaces)."""
-    for spaced, joined in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                           (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+    for spaced, joined in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
         text = text.replace(spaced, joined)
     return text
 
@@ -326,7 +357,8 @@ class _TemplateNamespace(jinja2.utils.Namespace):
         if isinstance(name, str) and name.startswith("_"):
             raise jinja2.exceptions.SecurityError(
                 f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}. "
-                "Please rename the attribute.")
+                "Please rename the attribute."
+            )
 
 
 def _raise_exception(message):
@@ -346,8 +378,9 @@ def _strftime_now(format):  # noqa: A002 - the name templates call it with
 def _compile_jinja_template(source: str) -> jinja2.Template:
     """The template in transformers' environment (_compile_jinja_template): a sandbox, trim_blocks and
     lstrip_blocks, loop controls, and its tojson, raise_exception, strftime_now, dict and namespace."""
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
     environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now

@@ -8,6 +8,7 @@ the schema; with `auto` the model may answer in text or call, and the calls it w
 text. Earlier turns (assistant `tool_calls`, `tool` results) are written back into the conversation in the
 same format, so any chat template renders them.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,15 @@ class ToolCalling:
         return {tool.name for tool in self.tools}
 
     def system_prompt(self) -> str:
-        listing = "\n".join(json.dumps({"type": "function", "function": {
-            "name": t.name, "description": t.description, "parameters": t.parameters}}) for t in self.tools)
+        listing = "\n".join(
+            json.dumps(
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                }
+            )
+            for t in self.tools
+        )
         return (
             "You may call one or more functions to help with the user's request. The functions are listed "
             f"within <tools></tools> tags:\n<tools>\n{listing}\n</tools>\n"
@@ -61,11 +69,18 @@ class ToolCalling:
         if self.choice == "auto":
             return None
         tools = [t for t in self.tools if self.choice == "required" or t.name == self.choice]
-        schema = {"anyOf": [{
-            "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-            "required": ["name", "arguments"], "additionalProperties": False,
-        } for t in tools], "x-guidance": _COMPACT_JSON}
+        schema = {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+                for t in tools
+            ],
+            "x-guidance": _COMPACT_JSON,
+        }
         call = f"{json.dumps(CALL_OPEN)} %json {json.dumps(schema)} {json.dumps(CALL_CLOSE)}"
         repeat = ' ("\\n" call)*' if self.parallel and self.choice == "required" else ""
         return f"start: call{repeat}\ncall: {call}\n"
@@ -90,15 +105,20 @@ def parse_tool_calling(body: dict) -> ToolCalling | None:
     if isinstance(choice, dict):
         function = choice.get("function")
         if choice.get("type") != "function" or not isinstance(function, dict) or "name" not in function:
-            raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", '
-                              f'"function": {{"name": ...}}}}, got {choice!r}', "tool_choice")
+            raise bad_request(
+                'tool_choice must be "none", "auto", "required" or {"type": "function", '
+                f'"function": {{"name": ...}}}}, got {choice!r}',
+                "tool_choice",
+            )
         if function["name"] not in names:
-            raise bad_request(f"tool_choice names function {function['name']!r}, which is not among the tools "
-                              f"{names}", "tool_choice")
+            raise bad_request(
+                f"tool_choice names function {function['name']!r}, which is not among the tools {names}", "tool_choice"
+            )
         choice = function["name"]
     elif choice not in ("auto", "required"):
-        raise bad_request(f'tool_choice must be "none", "auto", "required" or a named function, got {choice!r}',
-                          "tool_choice")
+        raise bad_request(
+            f'tool_choice must be "none", "auto", "required" or a named function, got {choice!r}', "tool_choice"
+        )
     return ToolCalling(parsed, choice, body.get("parallel_tool_calls", True))
 
 
@@ -115,23 +135,27 @@ def tool_constraint(tool_calling: ToolCalling | None, constraint: dict[str, Any]
 
 def _tool(tool: Any, param: str) -> Tool:
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise bad_request(f'{param} must be {{"type": "function", "function": {{...}}}} (only function tools '
-                          "are supported)", param)
+        raise bad_request(
+            f'{param} must be {{"type": "function", "function": {{...}}}} (only function tools are supported)', param
+        )
     function = tool["function"]
     extra = set(function) - {"name", "description", "parameters", "strict"}
     if extra:
         raise bad_request(f"{param}.function has unknown field(s) {sorted(extra)}", f"{param}.function")
     name = function.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise bad_request(f"{param}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}",
-                          f"{param}.function.name")
+        raise bad_request(
+            f"{param}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}", f"{param}.function.name"
+        )
     description = function.get("description", "")
     if not isinstance(description, str):
         raise bad_request(f"{param}.function.description must be a string", f"{param}.function.description")
     parameters = function.get("parameters", _EMPTY_PARAMETERS)
     if not isinstance(parameters, dict):
-        raise bad_request(f"{param}.function.parameters must be a JSON schema object, got {parameters!r}",
-                          f"{param}.function.parameters")
+        raise bad_request(
+            f"{param}.function.parameters must be a JSON schema object, got {parameters!r}",
+            f"{param}.function.parameters",
+        )
     return Tool(name, description, parameters)
 
 
@@ -191,15 +215,15 @@ class ToolCallParser:
                 if start < 0:
                     keep = _partial_suffix(self._pending, CALL_OPEN)
                     pieces.append(self._pending[: len(self._pending) - keep])
-                    self._pending = self._pending[len(self._pending) - keep:]
+                    self._pending = self._pending[len(self._pending) - keep :]
                     break
                 pieces.append(self._pending[:start])
-                self._pending = self._pending[start + len(CALL_OPEN):]
+                self._pending = self._pending[start + len(CALL_OPEN) :]
                 self._in_call = True
             end = self._pending.find(CALL_CLOSE)
             if end < 0:
                 break
-            body, self._pending, self._in_call = self._pending[:end], self._pending[end + len(CALL_CLOSE):], False
+            body, self._pending, self._in_call = self._pending[:end], self._pending[end + len(CALL_CLOSE) :], False
             call = self._call(body)
             pieces.append(CALL_OPEN + body + CALL_CLOSE if call is None else call)
         return [p for p in pieces if p]
@@ -218,8 +242,12 @@ class ToolCallParser:
         if not (isinstance(call, dict) and call.get("name") in self.names and isinstance(call.get("arguments"), dict)):
             return None
         self.num_calls += 1
-        return {"index": self.num_calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
+        return {
+            "index": self.num_calls - 1,
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)},
+        }
 
 
 def _partial_suffix(text: str, tag: str) -> int:

@@ -9,12 +9,13 @@ The Triton request is known to be complete when every one of its `n` samples has
 error arrives). Leaving the iteration early (the HTTP client went away, the handler was cancelled) cancels
 the gRPC call, which cancels the Triton request: the engine drops it at its next step and frees its KV blocks.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import grpc
 import numpy as np
@@ -31,12 +32,14 @@ ADMIN_HEADER = "triton-grpc-protocol-llm-admin-key"
 # its proxy's rotation) for up to two minutes more (loadtest/failover.py measured it).
 _KEEPALIVE = grpcclient.KeepAliveOptions()
 CHANNEL_ARGS = [
-    ("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
     ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
     ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
     ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
     ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
-    ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
@@ -91,14 +94,14 @@ class TritonLLM:
         if model not in self._parameters:
             # the launch restricts the model-config API to its admin key, which it hands to the front door
             key = os.environ.get("LLM_ADMIN_KEY")
-            config = await self.client.get_model_config(model, headers={ADMIN_HEADER: key} if key else None,
-                                                        as_json=True)
+            config = await self.client.get_model_config(
+                model, headers={ADMIN_HEADER: key} if key else None, as_json=True
+            )
             parameters = config.get("config", config).get("parameters", {})
             self._parameters[model] = {key: value.get("string_value", "") for key, value in parameters.items()}
         return self._parameters[model]
 
-    async def generate(self, model: str, prompt: str | list[int], sampling: dict,
-                       n: int) -> AsyncIterator[SampleDelta]:
+    async def generate(self, model: str, prompt: str | list[int], sampling: dict, n: int) -> AsyncIterator[SampleDelta]:
         """Stream the deltas of one generation of `prompt` (text, or token ids) with `sampling` (the model's
         sampling_parameters)."""
         request = {"model_name": model, "inputs": _inputs(prompt, sampling)}
@@ -132,8 +135,13 @@ class TritonLLM:
 
 def _inputs(prompt: str | list[int], sampling: dict) -> list:
     wanted = {"logprobs": "return_logprobs", "prompt_logprobs": "return_prompt_logprobs"}
-    flags = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
-             "return_num_output_tokens") + tuple(flag for key, flag in wanted.items() if sampling.get(key) is not None)
+    flags = (
+        "stream",
+        "exclude_input_in_output",
+        "return_finish_reason",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
+    ) + tuple(flag for key, flag in wanted.items() if sampling.get(key) is not None)
     if isinstance(prompt, str):
         tensors = [_tensor("text_input", np.array([prompt.encode()], dtype=object))]
     else:
@@ -167,16 +175,18 @@ def _deltas(result, top: int | None, prompt_top: int | None, totals: dict[int, i
         totals[index] = totals.get(index, 0) + int(num_output[i])
         reason = reasons[i].decode()
         entries = json.loads(logprobs.reshape(-1)[i]) if logprobs is not None else None
-        out.append(SampleDelta(
-            index=index,
-            text=text.decode("utf-8"),
-            token_ids=token_ids,
-            num_input_tokens=num_input,
-            num_output_tokens=totals[index],
-            finish_reason=None if reason == NO_FINISH_REASON else reason,
-            logprobs=None if entries is None else [_entry(t, e, top or 0) for t, e in zip(token_ids, entries)],
-            prompt_logprobs=prompt_logprobs if i == 0 else None,
-        ))
+        out.append(
+            SampleDelta(
+                index=index,
+                text=text.decode("utf-8"),
+                token_ids=token_ids,
+                num_input_tokens=num_input,
+                num_output_tokens=totals[index],
+                finish_reason=None if reason == NO_FINISH_REASON else reason,
+                logprobs=None if entries is None else [_entry(t, e, top or 0) for t, e in zip(token_ids, entries)],
+                prompt_logprobs=prompt_logprobs if i == 0 else None,
+            )
+        )
     return out
 
 

@@ -10,6 +10,7 @@ The names most callers need are here::
     with running_server("model_repository") as srv:
         srv.grpc_url
 """
+
 from launcher.commands import ADMIN_HEADER, frontend_command, server_command
 from launcher.paths import (
     BACKEND_DIR,
@@ -34,8 +35,28 @@ from launcher.readiness import (
 )
 
 __all__ = [
-    "ADMIN_HEADER", "BACKEND_DIR", "DEFAULT_HOST", "DEFAULT_MODEL_REPOSITORY", "MODEL_NAME", "REPO_ROOT", "VENV", "RunningServer",
-    "ServerError", "free_port", "frontend_command", "is_ready", "log_tail", "running_server", "server_command", "site_packages",
-    "start_frontend", "start_server", "stop_server", "url_host", "url_ok", "wait_until_frontend_ready",
-    "wait_until_ready", "wait_until_url_ok",
+    "ADMIN_HEADER",
+    "BACKEND_DIR",
+    "DEFAULT_HOST",
+    "DEFAULT_MODEL_REPOSITORY",
+    "MODEL_NAME",
+    "REPO_ROOT",
+    "VENV",
+    "RunningServer",
+    "ServerError",
+    "free_port",
+    "frontend_command",
+    "is_ready",
+    "log_tail",
+    "running_server",
+    "server_command",
+    "site_packages",
+    "start_frontend",
+    "start_server",
+    "stop_server",
+    "url_host",
+    "url_ok",
+    "wait_until_frontend_ready",
+    "wait_until_ready",
+    "wait_until_url_ok",
 ]

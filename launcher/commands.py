@@ -1,12 +1,12 @@
 """The command lines (argv and environment) that run tritonserver and the OpenAI-compatible front door.
 Standard library only."""
+
 from __future__ import annotations
 
 import os
 import re
 import secrets
 from pathlib import Path
-from typing import Optional
 
 from launcher.paths import BACKEND_DIR, DEFAULT_HOST, LIBS_REL, MODEL_NAME, REPO_ROOT, TRITON_REL, VENV, site_packages
 
@@ -45,16 +45,26 @@ def server_command(
     backend_dir = Path(backend_dir) if backend_dir is not None else BACKEND_DIR
     argv = [
         str(sp / TRITON_REL),
-        "--model-repository", str(Path(model_repository).resolve()),
-        "--backend-directory", str(backend_dir.resolve()),
-        "--http-address", host,
-        "--http-port", str(int(http_port)),
-        "--grpc-address", host,
-        "--grpc-port", str(int(grpc_port)),
-        "--metrics-address", host,
-        "--metrics-port", str(int(metrics_port)),
-        "--log-verbose", str(int(log_verbose)),
-        "--exit-timeout-secs", str(int(exit_timeout_s)),
+        "--model-repository",
+        str(Path(model_repository).resolve()),
+        "--backend-directory",
+        str(backend_dir.resolve()),
+        "--http-address",
+        host,
+        "--http-port",
+        str(int(http_port)),
+        "--grpc-address",
+        host,
+        "--grpc-port",
+        str(int(grpc_port)),
+        "--metrics-address",
+        host,
+        "--metrics-port",
+        str(int(metrics_port)),
+        "--log-verbose",
+        str(int(log_verbose)),
+        "--exit-timeout-secs",
+        str(int(exit_timeout_s)),
         *(restriction_args() if restrict_apis else []),
         *extra_args,
     ]
@@ -91,8 +101,19 @@ def frontend_command(
     """argv that runs the OpenAI-compatible front door (``python -m frontend``) against the Triton server at
     ``grpc_url`` (its metrics page ``metrics_url`` is appended to the front door's /metrics)."""
     venv = Path(venv) if venv is not None else VENV
-    argv = [str(venv / "bin" / "python"), "-m", "frontend", "--triton-grpc", grpc_url,
-            "--triton-metrics", metrics_url, "--host", host, "--port", str(int(port))]
+    argv = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "frontend",
+        "--triton-grpc",
+        grpc_url,
+        "--triton-metrics",
+        metrics_url,
+        "--host",
+        host,
+        "--port",
+        str(int(port)),
+    ]
     if model_dir is not None:
         argv += ["--model-dir", str(model_dir)]
     for name in models:
@@ -115,6 +136,6 @@ def shown(cmd: list[str]) -> str:
     return re.sub(rf"({ADMIN_HEADER}=)\S+", r"\1***", " ".join(cmd))
 
 
-def _prepend(item: str, pathlist: Optional[str]) -> str:
+def _prepend(item: str, pathlist: str | None) -> str:
     parts = [p for p in (pathlist or "").split(os.pathsep) if p and p != item]
     return os.pathsep.join([item, *parts])

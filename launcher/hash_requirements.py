@@ -6,6 +6,7 @@ A pin that already carries a hash keeps it; for the others, one `pip download --
 would install on this platform (wheels; a wheel on local disk where pip's find-links has one, as for the CPU
 torch wheel) and their hashes are written after the pins. Comments and order are kept. After changing a pin,
 delete its hash and run this again; `make venv` installs nothing else."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,10 @@ def sha256(path: Path) -> str:
 def download(pins: list[str]) -> dict[str, str]:
     """{normalized name: sha256} of the wheel pip picks for each pin."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                        "-d", tmp, *pins], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", tmp, *pins],
+            check=True,
+        )
         return {normalized(wheel.name.split("-")[0]): sha256(wheel) for wheel in Path(tmp).glob("*.whl")}
 
 

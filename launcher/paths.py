@@ -1,5 +1,6 @@
 """Where the launch finds things: the checkout, its virtual environment, the Triton backend directory and the
 tritonserver binary inside the nvidia-pytriton wheel. Standard library only."""
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,16 @@ def site_packages(venv: Path | str | None = None) -> Path:
     if py.exists():
         try:
             out = subprocess.run(
-                [str(py), "-c", "import sysconfig, json; p = sysconfig.get_paths();"
-                 " print(json.dumps([p['purelib'], p['platlib']]))"],
-                capture_output=True, text=True, timeout=60, check=True,
+                [
+                    str(py),
+                    "-c",
+                    "import sysconfig, json; p = sysconfig.get_paths();"
+                    " print(json.dumps([p['purelib'], p['platlib']]))",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
             ).stdout
             for sp in map(Path, json.loads(out)):
                 if (sp / TRITON_REL).is_file():

@@ -4,6 +4,7 @@ Q4_1 / Q8_0 blocks are the exact weights the low-bit kernels serve (backend/mode
 
 Usage: llm-prepare-model [OUTPUT_DIR]   (default: models/smollm2-135m-instruct)
 """
+
 import importlib.util
 import shutil
 import sys

@@ -5,6 +5,7 @@ only; the integration tests' server fixture and the benchmarks use it::
     with running_server("model_repository", log_path="/tmp/t.log") as srv:
         srv.grpc_url ...
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +14,8 @@ import os
 import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from launcher.commands import check_ready_to_run, frontend_command, server_command
 from launcher.paths import DEFAULT_HOST, DEFAULT_MODEL_REPOSITORY, REPO_ROOT, url_host
@@ -41,8 +42,13 @@ def start_server(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            argv, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            argv,
+            env=env,
+            cwd=str(REPO_ROOT),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     proc.log_path = log_path  # type: ignore[attr-defined]
     proc.http_port = int(http_port)  # type: ignore[attr-defined]
@@ -57,8 +63,14 @@ def start_frontend(grpc_url: str, port: int, log_path: Path | str | None = None,
     argv = frontend_command(grpc_url, port, **kwargs)
     log = open(log_path, "ab") if log_path is not None else None
     try:
-        proc = subprocess.Popen(argv, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT if log else None, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=str(REPO_ROOT),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            start_new_session=True,
+        )
     finally:
         if log is not None:
             log.close()
@@ -67,7 +79,7 @@ def start_frontend(grpc_url: str, port: int, log_path: Path | str | None = None,
     return proc
 
 
-def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> Optional[int]:
+def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> int | None:
     """Stop a process started here: SIGINT (graceful: tritonserver unloads its models), then SIGTERM, then
     SIGKILL of its group. Returns the exit code. Safe to call twice or on a process that already exited."""
     if proc.poll() is None:
@@ -123,9 +135,9 @@ def running_server(
     model_repository: Path | str = DEFAULT_MODEL_REPOSITORY,
     log_path: Path | str | None = None,
     *,
-    http_port: Optional[int] = None,
-    grpc_port: Optional[int] = None,
-    metrics_port: Optional[int] = None,
+    http_port: int | None = None,
+    grpc_port: int | None = None,
+    metrics_port: int | None = None,
     ready_timeout_s: float = 300.0,
     stop_timeout_s: float = 30.0,
     **kwargs,

@@ -1,5 +1,6 @@
 """Is it up yet: free ports, health probes, and waiting for readiness with the log tail when a process dies
 first. Standard library only."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
 
 from launcher.paths import DEFAULT_HOST, url_host
 
@@ -55,7 +55,7 @@ def log_tail(log_path: Path | str | None, lines: int = 60) -> str:
 
 def wait_until_url_ok(
     url: str,
-    proc: Optional[subprocess.Popen] = None,
+    proc: subprocess.Popen | None = None,
     timeout_s: float = 300.0,
     *,
     what: str = "tritonserver",
@@ -76,15 +76,14 @@ def wait_until_url_ok(
             return
         if time.monotonic() >= deadline:
             raise ServerError(
-                f"{what} not ready at {url} after {timeout_s:.0f} s; "
-                f"log tail ({log_path}):\n{log_tail(log_path)}"
+                f"{what} not ready at {url} after {timeout_s:.0f} s; log tail ({log_path}):\n{log_tail(log_path)}"
             )
         time.sleep(poll_s)
 
 
 def wait_until_ready(
     http_port: int,
-    proc: Optional[subprocess.Popen] = None,
+    proc: subprocess.Popen | None = None,
     timeout_s: float = 300.0,
     *,
     host: str = DEFAULT_HOST,
@@ -96,8 +95,9 @@ def wait_until_ready(
     wait_until_url_ok(url, proc, timeout_s, what="tritonserver", log_path=log_path, poll_s=poll_s)
 
 
-def wait_until_frontend_ready(port: int, proc: Optional[subprocess.Popen] = None, timeout_s: float = 120.0,
-                              *, host: str = DEFAULT_HOST) -> None:
+def wait_until_frontend_ready(
+    port: int, proc: subprocess.Popen | None = None, timeout_s: float = 120.0, *, host: str = DEFAULT_HOST
+) -> None:
     """Poll the front door's ``/health/ready`` (200 once Triton reports its models ready)."""
     url = f"http://{url_host(host)}:{int(port)}/health/ready"
     wait_until_url_ok(url, proc, timeout_s, what="the front door")

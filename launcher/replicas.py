@@ -21,6 +21,7 @@ Library use (loadtest/failover.py)::
     with running_replicas(2, base_port=18100, proxy_port=19000, stats_port=18404, log_dir=...) as cluster:
         cluster.proxy_url, cluster.replicas[0].openai_port, cluster.tritonserver_pid(cluster.replicas[0])
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
 
 from launcher.paths import DEFAULT_MODEL_REPOSITORY, REPO_ROOT, VENV
 from launcher.readiness import ServerError, log_tail, wait_until_frontend_ready
@@ -52,8 +53,8 @@ class Replica:
     metrics_port: int
     openai_port: int
     log_path: Path
-    cpus: Optional[set[int]] = None
-    proc: Optional[subprocess.Popen] = None  # llm-serve
+    cpus: set[int] | None = None
+    proc: subprocess.Popen | None = None  # llm-serve
 
     @property
     def name(self) -> str:
@@ -70,7 +71,7 @@ def replica_ports(index: int, base_port: int) -> tuple[int, int, int, int]:
     return first, first + 1, first + 2, first + 10
 
 
-def share_cpus(n: int, cpus: Optional[list[int]] = None) -> list[set[int]]:
+def share_cpus(n: int, cpus: list[int] | None = None) -> list[set[int]]:
     """The CPUs dealt out between n replicas (round robin; a replica gets at least one)."""
     cpus = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
     if n >= len(cpus):
@@ -137,21 +138,39 @@ def find_haproxy() -> str:
 
 def start_replica(replica: Replica, model_repository: Path | str, exit_timeout_s: int = 10) -> subprocess.Popen:
     """llm-serve for `replica` (its own process group; output to its log); on its CPUs when given."""
-    argv = [str(VENV / "bin" / "python"), "-m", "launcher.serve",
-            "--model-repository", str(model_repository),
-            "--http-port", str(replica.http_port), "--grpc-port", str(replica.grpc_port),
-            "--metrics-port", str(replica.metrics_port), "--openai-port", str(replica.openai_port),
-            "--exit-timeout-secs", str(exit_timeout_s)]
+    argv = [
+        str(VENV / "bin" / "python"),
+        "-m",
+        "launcher.serve",
+        "--model-repository",
+        str(model_repository),
+        "--http-port",
+        str(replica.http_port),
+        "--grpc-port",
+        str(replica.grpc_port),
+        "--metrics-port",
+        str(replica.metrics_port),
+        "--openai-port",
+        str(replica.openai_port),
+        "--exit-timeout-secs",
+        str(exit_timeout_s),
+    ]
     cpus = replica.cpus
     replica.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(replica.log_path, "ab") as log:
         replica.proc = subprocess.Popen(
-            argv, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+            argv,
+            cwd=str(REPO_ROOT),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
     return replica.proc
 
 
-def stop_replica(replica: Replica, timeout_s: float = 90.0) -> Optional[int]:
+def stop_replica(replica: Replica, timeout_s: float = 90.0) -> int | None:
     """SIGTERM to llm-serve (it drains the front door, then stops tritonserver); SIGKILL of its group after
     `timeout_s`."""
     proc = replica.proc
@@ -176,7 +195,7 @@ def child_pids(pid: int, name: str) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
-            comm = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode()
+            comm = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode()
             ppid = int(stat.rsplit(b")", 1)[1].split()[1])
         except (OSError, ValueError):
             continue
@@ -207,7 +226,7 @@ class Cluster:
     def proxy_url(self) -> str:
         return f"http://127.0.0.1:{self.proxy_port}"
 
-    def tritonserver_pid(self, replica: Replica) -> Optional[int]:
+    def tritonserver_pid(self, replica: Replica) -> int | None:
         pids = child_pids(replica.proc.pid, "tritonserver") if replica.proc is not None else []
         return pids[0] if pids else None
 
@@ -221,17 +240,27 @@ def wait_all_ready(replicas: list[Replica], timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def running_replicas(n: int, *, base_port: int = 8100, proxy_port: int = 9000, stats_port: int = 8404,
-                     model_repository: Path | str = DEFAULT_MODEL_REPOSITORY, log_dir: Path | str,
-                     pin_cpus: bool = False, ready_timeout_s: float = 900.0, host: str = "127.0.0.1",
-                     exit_timeout_s: int = 10) -> Iterator[Cluster]:
+def running_replicas(
+    n: int,
+    *,
+    base_port: int = 8100,
+    proxy_port: int = 9000,
+    stats_port: int = 8404,
+    model_repository: Path | str = DEFAULT_MODEL_REPOSITORY,
+    log_dir: Path | str,
+    pin_cpus: bool = False,
+    ready_timeout_s: float = 900.0,
+    host: str = "127.0.0.1",
+    exit_timeout_s: int = 10,
+) -> Iterator[Cluster]:
     """Start n replicas and the proxy, wait until every replica is ready and the proxy sees them up; stop all."""
     haproxy = find_haproxy()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     shares = share_cpus(n) if pin_cpus else [None] * n
-    replicas = [Replica(i, *replica_ports(i, base_port), log_dir / f"replica-{i}.log", shares[i - 1])
-                for i in range(1, n + 1)]
+    replicas = [
+        Replica(i, *replica_ports(i, base_port), log_dir / f"replica-{i}.log", shares[i - 1]) for i in range(1, n + 1)
+    ]
     config = log_dir / "haproxy.cfg"
     config.write_text(haproxy_config(replicas, proxy_port, stats_port, host))
     check = subprocess.run([haproxy, "-c", "-q", "-f", str(config)], capture_output=True, text=True)
@@ -244,8 +273,13 @@ def running_replicas(n: int, *, base_port: int = 8100, proxy_port: int = 9000, s
         wait_all_ready(replicas, ready_timeout_s)
         haproxy_log = log_dir / "haproxy.log"
         with open(haproxy_log, "ab") as log:
-            proxy = subprocess.Popen([haproxy, "-db", "-f", str(config)], stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+            proxy = subprocess.Popen(
+                [haproxy, "-db", "-f", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         cluster = Cluster(replicas, proxy_port, stats_port, proxy, haproxy_log, config)
         deadline = time.monotonic() + 30
         while True:
@@ -266,28 +300,38 @@ def running_replicas(n: int, *, base_port: int = 8100, proxy_port: int = 9000, s
 
 
 def usage_text(cluster: Cluster) -> str:
-    lines = [f"=== {len(cluster.replicas)} replicas behind HAProxy: {cluster.proxy_url}/v1 "
-             f"(statistics: http://127.0.0.1:{cluster.stats_port}/stats) ==="]
+    lines = [
+        f"=== {len(cluster.replicas)} replicas behind HAProxy: {cluster.proxy_url}/v1 "
+        f"(statistics: http://127.0.0.1:{cluster.stats_port}/stats) ==="
+    ]
     for r in cluster.replicas:
         cpus = f", CPUs {sorted(r.cpus)}" if r.cpus else ""
-        lines.append(f"  {r.name}: front door :{r.openai_port}, Triton :{r.http_port}/:{r.grpc_port}, metrics "
-                     f":{r.metrics_port}{cpus}; log {r.log_path}")
-    lines += [f"  curl -s {cluster.proxy_url}/v1/completions -H 'Content-Type: application/json' "
-              "-d '{\"model\":\"llm\",\"prompt\":\"Hello\",\"max_tokens\":8}' -D - | grep -i x-served-by",
-              "Stop with Ctrl-C.", ""]
+        lines.append(
+            f"  {r.name}: front door :{r.openai_port}, Triton :{r.http_port}/:{r.grpc_port}, metrics "
+            f":{r.metrics_port}{cpus}; log {r.log_path}"
+        )
+    lines += [
+        f"  curl -s {cluster.proxy_url}/v1/completions -H 'Content-Type: application/json' "
+        '-d \'{"model":"llm","prompt":"Hello","max_tokens":8}\' -D - | grep -i x-served-by',
+        "Stop with Ctrl-C.",
+        "",
+    ]
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", "-n", type=int, default=2)
-    ap.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT") or 9000),
-                    help="the proxy's port (default $OPENAI_PORT or 9000)")
+    ap.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("OPENAI_PORT") or 9000),
+        help="the proxy's port (default $OPENAI_PORT or 9000)",
+    )
     ap.add_argument("--host", default="127.0.0.1", help="the proxy's bind address (default 127.0.0.1)")
     ap.add_argument("--stats-port", type=int, default=8404)
     ap.add_argument("--base-port", type=int, default=8100, help="replica i uses BASE + 100 * (i - 1) + 0/1/2/10")
-    ap.add_argument("--model-repository",
-                    default=os.environ.get("MODEL_REPOSITORY") or str(DEFAULT_MODEL_REPOSITORY))
+    ap.add_argument("--model-repository", default=os.environ.get("MODEL_REPOSITORY") or str(DEFAULT_MODEL_REPOSITORY))
     ap.add_argument("--log-dir", default=str(REPO_ROOT / ".cache" / "replicas"))
     ap.add_argument("--pin-cpus", action="store_true", help="deal the CPUs out between the replicas")
     ap.add_argument("--ready-timeout", type=float, default=900.0)
@@ -298,10 +342,17 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        with running_replicas(args.replicas, base_port=args.base_port, proxy_port=args.port,
-                              stats_port=args.stats_port, model_repository=args.model_repository,
-                              log_dir=args.log_dir, pin_cpus=args.pin_cpus, ready_timeout_s=args.ready_timeout,
-                              host=args.host) as cluster:
+        with running_replicas(
+            args.replicas,
+            base_port=args.base_port,
+            proxy_port=args.port,
+            stats_port=args.stats_port,
+            model_repository=args.model_repository,
+            log_dir=args.log_dir,
+            pin_cpus=args.pin_cpus,
+            ready_timeout_s=args.ready_timeout,
+            host=args.host,
+        ) as cluster:
             print(usage_text(cluster), flush=True)
             while cluster.haproxy.poll() is None and all(r.proc.poll() is None for r in cluster.replicas):
                 time.sleep(0.5)

@@ -14,15 +14,16 @@ tune the supervisor. The virtual environment used is ``$LLM_VENV`` (default: ``.
 must have been built from the system Python whose ``libpython3.11`` the Triton python stub embeds
 (``make venv``), and the backend directory must have been assembled (``make triton``).
 """
+
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-from typing import Optional
 
 from launcher.commands import check_ready_to_run, server_command, shown
 from launcher.paths import DEFAULT_HOST, MODEL_NAME, REPO_ROOT, resolve_model_repository, url_host
@@ -35,37 +36,48 @@ def usage_text(http_port: int, grpc_port: int, metrics_port: int, host: str = DE
     h = url_host(host)
     body = '{"text_input":"The capital of France is","max_tokens":16,"stream":true}'
     body_ns = '{"text_input":"The capital of France is","max_tokens":16}'
-    return "\n".join([
-        "",
-        f"=== tritonserver is READY (HTTP {h}:{http_port}, gRPC {h}:{grpc_port}, "
-        f"metrics http://{h}:{metrics_port}/metrics) ===",
-        "Streaming (server-sent events):",
-        f"  curl -sN -X POST http://{h}:{http_port}/v2/models/{MODEL_NAME}/generate_stream -d '{body}'",
-        "One response:",
-        f"  curl -s -X POST http://{h}:{http_port}/v2/models/{MODEL_NAME}/generate -d '{body_ns}'",
-        "Client (gRPC streaming):",
-        f"  .venv/bin/llm-client --url {h}:{grpc_port} \"The capital of France is\"   (--help for options)",
-        "Stop with Ctrl-C.",
-        "",
-    ])
+    return "\n".join(
+        [
+            "",
+            f"=== tritonserver is READY (HTTP {h}:{http_port}, gRPC {h}:{grpc_port}, "
+            f"metrics http://{h}:{metrics_port}/metrics) ===",
+            "Streaming (server-sent events):",
+            f"  curl -sN -X POST http://{h}:{http_port}/v2/models/{MODEL_NAME}/generate_stream -d '{body}'",
+            "One response:",
+            f"  curl -s -X POST http://{h}:{http_port}/v2/models/{MODEL_NAME}/generate -d '{body_ns}'",
+            "Client (gRPC streaming):",
+            f'  .venv/bin/llm-client --url {h}:{grpc_port} "The capital of France is"   (--help for options)',
+            "Stop with Ctrl-C.",
+            "",
+        ]
+    )
 
 
 def frontend_usage_text(port: int, host: str = DEFAULT_HOST, api_key: bool = False) -> str:
     """How to call the front door; with an API key, the examples read it from $LLM_API_KEY (never print it)."""
     h = url_host(host)
-    chat = ('{"model":"%s","messages":[{"role":"user","content":"Name three colours."}],"max_tokens":32,'
-            '"stream":true}' % MODEL_NAME)
-    auth = " -H \"Authorization: Bearer $LLM_API_KEY\"" if api_key else ""
+    chat = json.dumps(
+        {
+            "model": MODEL_NAME,
+            "messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": 32,
+            "stream": True,
+        },
+        separators=(",", ":"),
+    )
+    auth = ' -H "Authorization: Bearer $LLM_API_KEY"' if api_key else ""
     key = "os.environ['LLM_API_KEY']" if api_key else "'-'"
-    return "\n".join([
-        f"=== OpenAI-compatible front door is READY: http://{h}:{port}/v1 (web page: http://{h}:{port}/) ===",
-        f"  curl -sN http://{h}:{port}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{chat}'",
-        f"  .venv/bin/python -c \"import os, openai; "
-        f"c = openai.OpenAI(base_url='http://{h}:{port}/v1', api_key={key}); "
-        f"print(c.chat.completions.create(model='{MODEL_NAME}', messages=[{{'role': 'user', 'content': 'Hi'}}], "
-        "max_tokens=32).choices[0].message.content)\"",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"=== OpenAI-compatible front door is READY: http://{h}:{port}/v1 (web page: http://{h}:{port}/) ===",
+            f"  curl -sN http://{h}:{port}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{chat}'",
+            f'  .venv/bin/python -c "import os, openai; '
+            f"c = openai.OpenAI(base_url='http://{h}:{port}/v1', api_key={key}); "
+            f"print(c.chat.completions.create(model='{MODEL_NAME}', messages=[{{'role': 'user', 'content': 'Hi'}}], "
+            'max_tokens=32).choices[0].message.content)"',
+            "",
+        ]
+    )
 
 
 def _env_int(name: str, default: int) -> int:
@@ -73,40 +85,72 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description="Run tritonserver (from nvidia-pytriton) and the OpenAI-compatible "
-                                             "front door in the foreground; Ctrl-C stops both.")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Run tritonserver (from nvidia-pytriton) and the OpenAI-compatible "
+        "front door in the foreground; Ctrl-C stops both."
+    )
     ap.add_argument("--model-repository", default=os.environ.get("MODEL_REPOSITORY", "model_repository"))
     ap.add_argument("--http-port", type=int, default=_env_int("HTTP_PORT", 8000))
     ap.add_argument("--grpc-port", type=int, default=_env_int("GRPC_PORT", 8001))
     ap.add_argument("--metrics-port", type=int, default=_env_int("METRICS_PORT", 8002))
-    ap.add_argument("--openai-port", type=int, default=_env_int("OPENAI_PORT", 9000),
-                    help="the OpenAI-compatible front door's port (default $OPENAI_PORT or 9000)")
+    ap.add_argument(
+        "--openai-port",
+        type=int,
+        default=_env_int("OPENAI_PORT", 9000),
+        help="the OpenAI-compatible front door's port (default $OPENAI_PORT or 9000)",
+    )
     ap.add_argument("--no-frontend", action="store_true", help="run tritonserver alone")
-    ap.add_argument("--host", default=os.environ.get("TRITON_HOST", DEFAULT_HOST),
-                    help="bind address for all endpoints (default 127.0.0.1; 0.0.0.0 for all interfaces)")
-    ap.add_argument("--openai-host", default=os.environ.get("OPENAI_HOST") or None,
-                    help="bind address of the front door alone (default: --host), e.g. 0.0.0.0 in a container "
-                         "whose Triton ports stay on loopback")
+    ap.add_argument(
+        "--host",
+        default=os.environ.get("TRITON_HOST", DEFAULT_HOST),
+        help="bind address for all endpoints (default 127.0.0.1; 0.0.0.0 for all interfaces)",
+    )
+    ap.add_argument(
+        "--openai-host",
+        default=os.environ.get("OPENAI_HOST") or None,
+        help="bind address of the front door alone (default: --host), e.g. 0.0.0.0 in a container "
+        "whose Triton ports stay on loopback",
+    )
     ap.add_argument("--log-verbose", type=int, default=0)
     ap.add_argument("--exit-timeout-secs", type=int, default=10)
-    ap.add_argument("--ready-timeout", type=float, default=600.0,
-                    help="seconds to wait for READY before giving up (the server keeps running)")
+    ap.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for READY before giving up (the server keeps running)",
+    )
     ap.add_argument("--print-command", action="store_true", help="print the command and exit")
-    ap.add_argument("--no-restart", action="store_true",
-                    help="do not restart tritonserver when it exits unexpectedly or a model's engine dies")
-    ap.add_argument("--max-restarts", type=int, default=None,
-                    help="give up after this many consecutive restarts (default: never give up)")
-    ap.add_argument("--no-restrict-apis", action="store_true",
-                    help="leave Triton's model-repository/model-config/shared-memory/trace/logging APIs open")
+    ap.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="do not restart tritonserver when it exits unexpectedly or a model's engine dies",
+    )
+    ap.add_argument(
+        "--max-restarts",
+        type=int,
+        default=None,
+        help="give up after this many consecutive restarts (default: never give up)",
+    )
+    ap.add_argument(
+        "--no-restrict-apis",
+        action="store_true",
+        help="leave Triton's model-repository/model-config/shared-memory/trace/logging APIs open",
+    )
     args, extra = ap.parse_known_args(argv)
 
     repo = resolve_model_repository(args.model_repository)
     try:
         cmd, env = server_command(
-            repo, args.http_port, args.grpc_port, args.metrics_port, host=args.host,
-            exit_timeout_s=args.exit_timeout_secs, log_verbose=args.log_verbose,
-            restrict_apis=not args.no_restrict_apis, extra_args=extra,
+            repo,
+            args.http_port,
+            args.grpc_port,
+            args.metrics_port,
+            host=args.host,
+            exit_timeout_s=args.exit_timeout_secs,
+            log_verbose=args.log_verbose,
+            restrict_apis=not args.no_restrict_apis,
+            extra_args=extra,
         )
         if args.print_command:
             print(shown(cmd))
@@ -119,9 +163,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
 
     h = url_host(args.host)
-    frontend = None if args.no_frontend else start_frontend(
-        f"{h}:{args.grpc_port}", args.openai_port, host=args.openai_host or args.host,
-        metrics_url=f"http://{h}:{args.metrics_port}/metrics")
+    frontend = (
+        None
+        if args.no_frontend
+        else start_frontend(
+            f"{h}:{args.grpc_port}",
+            args.openai_port,
+            host=args.openai_host or args.host,
+            metrics_url=f"http://{h}:{args.metrics_port}/metrics",
+        )
+    )
 
     def announce(proc: subprocess.Popen) -> None:  # after every (re)start of tritonserver
         try:
@@ -129,8 +180,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(usage_text(args.http_port, args.grpc_port, args.metrics_port, args.host), flush=True)
             if frontend is not None:
                 wait_until_frontend_ready(args.openai_port, frontend, args.ready_timeout, host=args.host)
-                print(frontend_usage_text(args.openai_port, args.host, bool(os.environ.get("LLM_API_KEY"))),
-                      flush=True)
+                print(frontend_usage_text(args.openai_port, args.host, bool(os.environ.get("LLM_API_KEY"))), flush=True)
         except ServerError as e:
             if proc.poll() is None:
                 print(f"\n[llm-serve] {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
@@ -138,23 +188,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     def launch() -> subprocess.Popen:
         print("+ " + shown(cmd), flush=True)
         # Own process group: a terminal Ctrl-C reaches only us, and we stop the server exactly once.
-        proc = subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=announce, args=(proc,), daemon=True).start()
         return proc
 
     supervisor = Supervisor(
-        launch, lambda proc: stop_server(proc, timeout_s=args.exit_timeout_secs + 20),
+        launch,
+        lambda proc: stop_server(proc, timeout_s=args.exit_timeout_secs + 20),
         metrics_url=f"http://{h}:{args.metrics_port}/metrics",
         max_restarts=0 if args.no_restart else args.max_restarts,
     )
     return supervise(supervisor, frontend, args.exit_timeout_secs)
 
 
-def supervise(supervisor: Supervisor, frontend: Optional[subprocess.Popen], exit_timeout_s: int) -> int:
+def supervise(supervisor: Supervisor, frontend: subprocess.Popen | None, exit_timeout_s: int) -> int:
     """Run the supervisor (tritonserver, restarted when it fails) beside the front door until Ctrl-C (or
     SIGTERM/SIGHUP), the front door exiting, or the supervisor giving up; then stop both, the front door first.
     Returns 0 after Ctrl-C, else the exit status of what ended it."""
+
     def on_term(signum, frame):  # make / systemd / kill: stop the children like Ctrl-C does
         raise KeyboardInterrupt
 
@@ -169,8 +220,11 @@ def supervise(supervisor: Supervisor, frontend: Optional[subprocess.Popen], exit
     try:
         while thread.is_alive():
             if frontend is not None and frontend.poll() is not None:
-                print(f"\n[llm-serve] the front door exited with code {frontend.returncode}; stopping the server",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"\n[llm-serve] the front door exited with code {frontend.returncode}; stopping the server",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 code = frontend.returncode if frontend.returncode and frontend.returncode > 0 else 1
                 break
             thread.join(0.2)
@@ -181,8 +235,11 @@ def supervise(supervisor: Supervisor, frontend: Optional[subprocess.Popen], exit
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if frontend is not None and frontend.poll() is None:
-        print(f"[llm-serve] the front door exited with code {stop_server(frontend, timeout_s=exit_timeout_s + 20)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[llm-serve] the front door exited with code {stop_server(frontend, timeout_s=exit_timeout_s + 20)}",
+            file=sys.stderr,
+            flush=True,
+        )
     supervisor.stop()  # stops tritonserver from the supervisor's thread
     thread.join(exit_timeout_s + 30)
     if supervisor.proc is not None and supervisor.proc.poll() is None:

@@ -10,6 +10,7 @@ models. Used by `llm-serve` (launcher/serve.py, the documented launch)::
     sup = Supervisor(lambda: subprocess.Popen(argv, ...), http_port=8000, metrics_port=8002)
     sup.run()          # blocks until sup.stop() (from a signal handler or another thread)
 """
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,10 @@ import sys
 import threading
 import time
 import urllib.request
-from typing import Callable, Optional, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
-_DEAD_ENGINE_RE = re.compile(r'^llm_engine_alive\{([^}]*)\}\s+0(?:\.0*)?\s*$', re.MULTILINE)
+_DEAD_ENGINE_RE = re.compile(r"^llm_engine_alive\{([^}]*)\}\s+0(?:\.0*)?\s*$", re.MULTILINE)
 
 
 def describe_exit(code: int) -> str:
@@ -79,14 +81,14 @@ class Supervisor:
     def __init__(
         self,
         start: Callable[[], subprocess.Popen],
-        stop: Callable[[subprocess.Popen], Optional[int]],
+        stop: Callable[[subprocess.Popen], int | None],
         *,
-        metrics_url: Optional[str] = None,
+        metrics_url: str | None = None,
         health_interval_s: float = 1.0,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
         stable_after_s: float = 60.0,
-        max_restarts: Optional[int] = None,
+        max_restarts: int | None = None,
         log: TextIO = sys.stderr,
         describe: Callable[[subprocess.Popen], str] = lambda proc: "",
         on_start: Callable[[subprocess.Popen], None] = lambda proc: None,
@@ -100,7 +102,7 @@ class Supervisor:
         self._log_file = log
         self._describe = describe  # e.g. the server log's tail
         self._stopping = threading.Event()
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.restarts = 0  # in total, for tests and logs
         self._on_start = on_start  # called after every (re)start, e.g. to announce readiness
 
@@ -129,8 +131,9 @@ class Supervisor:
             if detail:
                 self.log("server log tail:\n" + detail)
             if self.max_restarts is not None and failures > self.max_restarts:
-                self.log(f"not restarting: {failures - 1} consecutive restarts already "
-                         f"(max_restarts {self.max_restarts})")
+                self.log(
+                    f"not restarting: {failures - 1} consecutive restarts already (max_restarts {self.max_restarts})"
+                )
                 return self.proc.returncode or 1
             delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (failures - 1))
             self.log(f"restarting in {delay:.1f} s")
@@ -155,8 +158,11 @@ class Supervisor:
             gone = {pid: name for pid, name in stubs.items() if pid not in current}
             if gone and proc.poll() is None:
                 self._stop(proc)
-                return "lost Python stub process(es) " + ", ".join(f"{n} (pid {p})" for p, n in gone.items()) + \
-                    "; Triton 2.51 does not restart a decoupled model's stub; stopped it"
+                return (
+                    "lost Python stub process(es) "
+                    + ", ".join(f"{n} (pid {p})" for p, n in gone.items())
+                    + "; Triton 2.51 does not restart a decoupled model's stub; stopped it"
+                )
             stubs.update(current)
             dead = self._dead_engines()
             if dead:

@@ -23,6 +23,7 @@ the retries it took. What is checked and reported (loadtest/results/<name>.md an
 
 Exit status 0 when all of that holds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import gevent
 from gevent import monkey
@@ -58,7 +58,7 @@ from testkit import prometheus  # noqa: E402
 
 RESULTS_DIR = REPO_ROOT / "loadtest" / "results"
 KILLED, DRAINED = "r1", "r2"
-_LOG_RE = re.compile(r'^(f\d+) (\S+) (-?\d+) (\+?-?\d+) (-?\d+) ')
+_LOG_RE = re.compile(r"^(f\d+) (\S+) (-?\d+) (\+?-?\d+) (-?\d+) ")
 
 
 @dataclass
@@ -102,7 +102,7 @@ OPTIONS: dict = {}
 _ids = itertools.count(1)
 
 
-def _error_message(body: bytes) -> Optional[str]:
+def _error_message(body: bytes) -> str | None:
     """The message of an OpenAI error object, or None when the body is not one."""
     try:
         return str(json.loads(body)["error"]["message"])
@@ -115,8 +115,12 @@ def call(record: Record, body: dict, path: str, url: str, timeout_s: float) -> N
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     try:
-        conn.request("POST", path, body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json", "X-Request-Id": record.id})
+        conn.request(
+            "POST",
+            path,
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "X-Request-Id": record.id},
+        )
         response = conn.getresponse()
         record.status, record.served_by = response.status, response.getheader("X-Served-By") or ""
         if response.status != 200:
@@ -167,8 +171,12 @@ class FailoverUser(User):
         prompt = random.choice(SYNTHETIC_PROMPTS)
         record = Record(f"f{next(_ids)}", "stream" if stream else "whole", max_tokens, RUN.t())
         if stream:
-            body = {"model": "llm", "messages": [{"role": "user", "content": prompt}], "stream": True,
-                    "stream_options": {"include_usage": True}}
+            body = {
+                "model": "llm",
+                "messages": [{"role": "user", "content": prompt}],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             path = "/v1/chat/completions"
         else:
             body, path = {"model": "llm", "prompt": prompt}, "/v1/completions"
@@ -181,9 +189,13 @@ class FailoverUser(User):
             RUN.in_flight -= 1
             record.ended = RUN.t()
         self.environment.events.request.fire(
-            request_type=record.kind, name=record.outcome, response_time=(record.ended - record.started) * 1000,
-            response_length=record.tokens, exception=None if record.outcome == "ok" else Exception(record.error),
-            context={})
+            request_type=record.kind,
+            name=record.outcome,
+            response_time=(record.ended - record.started) * 1000,
+            response_length=record.tokens,
+            exception=None if record.outcome == "ok" else Exception(record.error),
+            context={},
+        )
         if record.outcome != "ok":
             gevent.sleep(0.1)
 
@@ -197,9 +209,15 @@ def scrape(replica: launcher.replicas.Replica) -> dict:
         metrics = prometheus.scrape(replica.metrics_url, timeout_s=5)
     except OSError:
         return {"kv_blocks_used": None, "running": None, "waiting": None}
-    return {key: prometheus.value(metrics, metric, None, model="llm", version="1")
-            for key, metric in (("kv_blocks_used", "llm_kv_cache_blocks_used"), ("running", "llm_requests_running"),
-                                ("waiting", "llm_requests_waiting"), ("kv_usage_ratio", "llm_kv_cache_usage_ratio"))}
+    return {
+        key: prometheus.value(metrics, metric, None, model="llm", version="1")
+        for key, metric in (
+            ("kv_blocks_used", "llm_kv_cache_blocks_used"),
+            ("running", "llm_requests_running"),
+            ("waiting", "llm_requests_waiting"),
+            ("kv_usage_ratio", "llm_kv_cache_usage_ratio"),
+        )
+    }
 
 
 def watch(cluster: launcher.replicas.Cluster) -> None:
@@ -231,8 +249,10 @@ def settle(replicas: list[launcher.replicas.Replica], timeout_s: float = 60.0) -
     deadline = time.monotonic() + timeout_s
     while True:
         values = {r.name: scrape(r) for r in replicas}
-        if all((v["kv_blocks_used"], v["running"], v["waiting"]) == (0, 0, 0) for v in values.values()) \
-                or time.monotonic() > deadline:
+        if (
+            all((v["kv_blocks_used"], v["running"], v["waiting"]) == (0, 0, 0) for v in values.values())
+            or time.monotonic() > deadline
+        ):
             return values
         gevent.sleep(0.5)
 
@@ -263,7 +283,7 @@ def scenario(cluster: launcher.replicas.Cluster, args) -> dict:
     runner = env.create_local_runner()
     watcher = gevent.spawn(watch, cluster)
     killed, drained = cluster.replicas[0], cluster.replicas[1]
-    timeline: dict[str, Optional[float]] = {}
+    timeline: dict[str, float | None] = {}
 
     RUN.event("users start", users=args.users)
     runner.start(args.users, spawn_rate=args.users)
@@ -272,8 +292,8 @@ def scenario(cluster: launcher.replicas.Cluster, args) -> dict:
     # Kill while a stream is under way on the replica (so that the cut of a started stream is exercised).
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(
-            r.kind == "stream" and r.started_streaming and not r.ended and r.served_by == killed.name
-            for r in RUN.records):
+        r.kind == "stream" and r.started_streaming and not r.ended and r.served_by == killed.name for r in RUN.records
+    ):
         gevent.sleep(0.05)
     old_pid = cluster.tritonserver_pid(killed)
     old_stubs = launcher.replicas.child_pids(old_pid, "triton_python_backend_stub")
@@ -290,12 +310,15 @@ def scenario(cluster: launcher.replicas.Cluster, args) -> dict:
             timeline["down"] = RUN.t()
         if "down" in timeline and status == "UP" and "up" not in timeline:
             timeline["up"] = RUN.t()
-        served = [r for r in RUN.records if r.served_by == killed.name and r.outcome == "ok"
-                  and r.started > timeline["kill"]]
+        served = [
+            r for r in RUN.records if r.served_by == killed.name and r.outcome == "ok" and r.started > timeline["kill"]
+        ]
         if "up" in timeline and served:
             timeline["first_success_after"] = min(r.ended for r in served)
-            RUN.event(f"first request served by {killed.name} after the kill succeeded",
-                      id=min(served, key=lambda r: r.ended).id)
+            RUN.event(
+                f"first request served by {killed.name} after the kill succeeded",
+                id=min(served, key=lambda r: r.ended).id,
+            )
             break
         gevent.sleep(0.25)
     else:
@@ -351,8 +374,11 @@ def analyse(timeline, at_kill, at_sigterm, kv_after_main, kv_end, killed, draine
     by_id = {r.id: r for r in records}
     kill, up = timeline["kill"], timeline.get("up")
     outage = [r for r in records if kill <= r.started < (up or float("inf"))]
-    cut = [by_id[i] for i in at_kill if by_id[i].served_by == killed.name and by_id[i].kind == "stream"
-           and by_id[i].started_streaming]
+    cut = [
+        by_id[i]
+        for i in at_kill
+        if by_id[i].served_by == killed.name and by_id[i].kind == "stream" and by_id[i].started_streaming
+    ]
     draining = [by_id[i] for i in at_sigterm if by_id[i].served_by == drained.name]
     after_sigterm = [r for r in records if r.started > timeline["sigterm"] + 1]
     phases = {
@@ -375,19 +401,24 @@ def analyse(timeline, at_kill, at_sigterm, kv_after_main, kv_end, killed, draine
             "kill_to_proxy_down": None if "down" not in timeline else round(timeline["down"] - kill, 2),
             "kill_to_new_tritonserver": None if "restarted" not in timeline else round(timeline["restarted"] - kill, 2),
             "kill_to_proxy_up": None if up is None else round(up - kill, 2),
-            "kill_to_first_success_on_it": None if "first_success_after" not in timeline
+            "kill_to_first_success_on_it": None
+            if "first_success_after" not in timeline
             else round(timeline["first_success_after"] - kill, 2),
         },
-        "streams_cut_by_the_kill": {"count": len(cut),
-                                    "ended_with_error_event": sum(r.outcome == "error_clear" for r in cut),
-                                    "examples": sorted({r.error for r in cut})[:3]},
-        "requests_started_during_outage": _counts(outage) | {
-            "served_by_survivor": sum(r.served_by == drained.name for r in outage)},
+        "streams_cut_by_the_kill": {
+            "count": len(cut),
+            "ended_with_error_event": sum(r.outcome == "error_clear" for r in cut),
+            "examples": sorted({r.error for r in cut})[:3],
+        },
+        "requests_started_during_outage": _counts(outage)
+        | {"served_by_survivor": sum(r.served_by == drained.name for r in outage)},
         "requests_on_rejoined_replica_after_up": _counts(served_after_rejoin),
-        "graceful_stop": {"in_flight_on_stopped_replica": _counts(draining),
-                          "started_after_sigterm": _counts(after_sigterm) | {
-                              "served_by_stopped": sum(r.served_by == drained.name for r in after_sigterm)},
-                          "exit_code": drained.proc.returncode},
+        "graceful_stop": {
+            "in_flight_on_stopped_replica": _counts(draining),
+            "started_after_sigterm": _counts(after_sigterm)
+            | {"served_by_stopped": sum(r.served_by == drained.name for r in after_sigterm)},
+            "exit_code": drained.proc.returncode,
+        },
         "kv_after_main_phase": kv_after_main,
         "kv_at_end": kv_end,
         "errors": errors,
@@ -395,10 +426,11 @@ def analyse(timeline, at_kill, at_sigterm, kv_after_main, kv_end, killed, draine
     c = summary["counts"]
     summary["checks"] = {
         "no unclear failure": c["failed_unclearly"] == 0,
-        "every failure is a stream the kill cut":
-            c["failed_with_clear_error"] == summary["streams_cut_by_the_kill"]["ended_with_error_event"],
-        "the kill cut a started stream, which ended with an error event":
-            0 < len(cut) == summary["streams_cut_by_the_kill"]["ended_with_error_event"],
+        "every failure is a stream the kill cut": c["failed_with_clear_error"]
+        == summary["streams_cut_by_the_kill"]["ended_with_error_event"],
+        "the kill cut a started stream, which ended with an error event": 0
+        < len(cut)
+        == summary["streams_cut_by_the_kill"]["ended_with_error_event"],
         "retried requests succeeded": c["retried"] == c["retried_and_succeeded"],
         "the survivor served during the outage": summary["requests_started_during_outage"]["served_by_survivor"] > 0,
         "the killed replica rejoined and served": up is not None and "first_success_after" in timeline,
@@ -415,9 +447,9 @@ def analyse(timeline, at_kill, at_sigterm, kv_after_main, kv_end, killed, draine
 def machine() -> dict:
     info = {"python": platform.python_version(), "kernel": platform.release()}
     text = Path("/proc/cpuinfo").read_text()
-    info["cpu"] = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("model name")), "?")
+    info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
     info["cpus"] = text.count("\nprocessor") + text.startswith("processor")
-    flags = next((l.split(":", 1)[1].split() for l in text.splitlines() if l.startswith("flags")), [])
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
     info["cpu_flags"] = " ".join(flags)
     mem = Path("/proc/meminfo").read_text().split("\n", 1)[0]
     info["memory_gib"] = round(int(mem.split()[1]) / 2**20, 1)
@@ -439,18 +471,22 @@ def report(summary: dict, meta: dict) -> str:
         f"proxy {meta['replicas_ready_s']} s after the start; 1-minute load average before / after the run "
         f"{meta['load_average_before_after'][0]} / {meta['load_average_before_after'][1]} (the machine is shared).",
         "",
-        "| | requests |", "|---|---|",
+        "| | requests |",
+        "|---|---|",
         f"| sent | {c['sent']} |",
         f"| succeeded | {c['succeeded']} |",
         f"| retried by the proxy (of which succeeded) | {c['retried']} ({c['retried_and_succeeded']}) |",
         f"| failed with a clear error | {c['failed_with_clear_error']} |",
         f"| failed unclearly (reset, truncated, timeout) | {c['failed_unclearly']} |",
         "",
-        "| phase | sent | succeeded | retried | clear error | unclear |", "|---|---|---|---|---|---|",
+        "| phase | sent | succeeded | retried | clear error | unclear |",
+        "|---|---|---|---|---|---|",
     ]
     for name, p in summary["phases"].items():
-        lines.append(f"| {name} | {p['sent']} | {p['succeeded']} | {p['retried']} | {p['failed_with_clear_error']} "
-                     f"| {p['failed_unclearly']} |")
+        lines.append(
+            f"| {name} | {p['sent']} | {p['succeeded']} | {p['retried']} | {p['failed_with_clear_error']} "
+            f"| {p['failed_unclearly']} |"
+        )
     cut = summary["streams_cut_by_the_kill"]
     outage = summary["requests_started_during_outage"]
     kv_main, kv_end = summary["kv_after_main_phase"], summary["kv_at_end"]
@@ -511,32 +547,60 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS_DIR))
     ap.add_argument("--name", default="failover")
     args = ap.parse_args(argv)
-    OPTIONS.update(stream_share=args.stream_share, max_tokens_min=args.max_tokens_min,
-                   max_tokens_max=args.max_tokens_max, request_timeout=args.request_timeout)
+    OPTIONS.update(
+        stream_share=args.stream_share,
+        max_tokens_min=args.max_tokens_min,
+        max_tokens_max=args.max_tokens_max,
+        request_timeout=args.request_timeout,
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_dir = REPO_ROOT / ".cache" / "failover"
-    haproxy_version = subprocess.run([launcher.replicas.find_haproxy(), "-v"], capture_output=True,
-                                     text=True).stdout.splitlines()[0].split(" - ")[0]
+    haproxy_version = (
+        subprocess.run([launcher.replicas.find_haproxy(), "-v"], capture_output=True, text=True)
+        .stdout.splitlines()[0]
+        .split(" - ")[0]
+    )
     t0, load_before = time.monotonic(), os.getloadavg()
-    with launcher.replicas.running_replicas(2, base_port=args.base_port, proxy_port=args.proxy_port,
-                                         stats_port=args.stats_port, log_dir=log_dir,
-                                         pin_cpus=not args.no_pin_cpus) as cluster:
+    with launcher.replicas.running_replicas(
+        2,
+        base_port=args.base_port,
+        proxy_port=args.proxy_port,
+        stats_port=args.stats_port,
+        log_dir=log_dir,
+        pin_cpus=not args.no_pin_cpus,
+    ) as cluster:
         ready_s = round(time.monotonic() - t0, 1)
         RUN.started = time.monotonic()
         RUN.event("replicas ready behind the proxy", after_s=ready_s)
         OPTIONS["proxy_url"] = cluster.proxy_url
         summary = scenario(cluster, args)
         replicas = ", ".join(f"{r.name} on CPU {sorted(r.cpus)}" if r.cpus else r.name for r in cluster.replicas)
-    meta = {"argv": " ".join(sys.argv[1:] if argv is None else argv), "date": time.strftime("%Y-%m-%d"),
-            "machine": machine(), "haproxy": haproxy_version, "replicas": replicas, "users": args.users,
-            "max_tokens": f"{args.max_tokens_min}-{args.max_tokens_max}", "replicas_ready_s": ready_s,
-            "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+    meta = {
+        "argv": " ".join(sys.argv[1:] if argv is None else argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "haproxy": haproxy_version,
+        "replicas": replicas,
+        "users": args.users,
+        "max_tokens": f"{args.max_tokens_min}-{args.max_tokens_max}",
+        "replicas_ready_s": ready_s,
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+    }
     text = report(summary, meta)
     (out / f"{args.name}.md").write_text(text)
-    (out / f"{args.name}.json").write_text(json.dumps(
-        {"meta": meta, "summary": summary, "events": RUN.events, "requests": [asdict(r) for r in RUN.records],
-         "samples": RUN.samples}, indent=1))
+    (out / f"{args.name}.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "summary": summary,
+                "events": RUN.events,
+                "requests": [asdict(r) for r in RUN.records],
+                "samples": RUN.samples,
+            },
+            indent=1,
+        )
+    )
     print(text)
     return 0 if all(summary["checks"].values()) else 1
 

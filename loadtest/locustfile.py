@@ -35,6 +35,7 @@ Headless run (bounded users, spawn rate and time):
     locust -f loadtest/locustfile.py --headless -u 8 -r 2 -t 60s --host http://localhost:8000 \\
         --grpc-url localhost:8001 --openai-url http://localhost:9000 --csv loadtest/results-local/run
 """
+
 from __future__ import annotations
 
 import csv
@@ -46,7 +47,6 @@ import random
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Optional
 
 import gevent
 from locust import User, events, task
@@ -55,8 +55,16 @@ from locust.runners import WorkerRunner
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-from client.api import Chunk, Completion, GrpcStream, ServerError, generate_http, parse_sse, stream_http  # noqa: E402
-from client.api import gevent_compat  # noqa: E402
+from client.api import (  # noqa: E402
+    Chunk,
+    Completion,
+    GrpcStream,
+    ServerError,
+    generate_http,
+    gevent_compat,  # noqa: E402
+    parse_sse,
+    stream_http,
+)
 from loadtest.workload import Workload  # noqa: E402
 
 log = logging.getLogger("llm-loadtest")
@@ -73,42 +81,80 @@ REQUESTS_NAME = "requests/s (value, not ms)"
 @events.init_command_line_parser.add_listener
 def _add_options(parser) -> None:
     group = parser.add_argument_group("LLM load test (loadtest/locustfile.py)")
-    group.add_argument("--grpc-url", default="",
-                       help="gRPC endpoint host:port for GrpcStreamUser (default: --host's host, port 8001)")
-    group.add_argument("--openai-url", default="",
-                       help="the OpenAI-compatible front door for OpenAIChatUser (default: --host's host, port 9000)")
+    group.add_argument(
+        "--grpc-url", default="", help="gRPC endpoint host:port for GrpcStreamUser (default: --host's host, port 8001)"
+    )
+    group.add_argument(
+        "--openai-url",
+        default="",
+        help="the OpenAI-compatible front door for OpenAIChatUser (default: --host's host, port 9000)",
+    )
     group.add_argument("--model", default="llm", help="model name on the server (default llm)")
-    group.add_argument("--prompts-file", default="",
-                       help="prompts: .txt (one per line), .jsonl or .json (records with prompt and optional "
-                            "max_tokens); default: the built-in synthetic set")
-    group.add_argument("--input-words", default="",
-                       help="instead of the built-in set, synthetic prompts whose word counts follow this "
-                            "distribution (same specs as --max-tokens-dist, e.g. normal:200,50)")
-    group.add_argument("--max-tokens-dist", default="uniform",
-                       help="output-length distribution: uniform | fixed:N | normal:MEAN,STD | "
-                            "lognormal:MEDIAN,SIGMA | exponential:MEAN | choice:A,B,C (clamped to min/max)")
-    group.add_argument("--max-tokens-min", type=int, default=0,
-                       help="smallest max_tokens (default 16 for uniform, else 1)")
-    group.add_argument("--max-tokens-max", type=int, default=0,
-                       help="largest max_tokens (default 128 for uniform, else 4096)")
-    group.add_argument("--ignore-file-max-tokens", action="store_true", default=False,
-                       help="draw max_tokens from the distribution even where the prompts file gives one")
-    group.add_argument("--ignore-eos", default="true", choices=["true", "false"],
-                       help="send ignore_eos so each request generates exactly max_tokens (default true)")
+    group.add_argument(
+        "--prompts-file",
+        default="",
+        help="prompts: .txt (one per line), .jsonl or .json (records with prompt and optional "
+        "max_tokens); default: the built-in synthetic set",
+    )
+    group.add_argument(
+        "--input-words",
+        default="",
+        help="instead of the built-in set, synthetic prompts whose word counts follow this "
+        "distribution (same specs as --max-tokens-dist, e.g. normal:200,50)",
+    )
+    group.add_argument(
+        "--max-tokens-dist",
+        default="uniform",
+        help="output-length distribution: uniform | fixed:N | normal:MEAN,STD | "
+        "lognormal:MEDIAN,SIGMA | exponential:MEAN | choice:A,B,C (clamped to min/max)",
+    )
+    group.add_argument(
+        "--max-tokens-min", type=int, default=0, help="smallest max_tokens (default 16 for uniform, else 1)"
+    )
+    group.add_argument(
+        "--max-tokens-max", type=int, default=0, help="largest max_tokens (default 128 for uniform, else 4096)"
+    )
+    group.add_argument(
+        "--ignore-file-max-tokens",
+        action="store_true",
+        default=False,
+        help="draw max_tokens from the distribution even where the prompts file gives one",
+    )
+    group.add_argument(
+        "--ignore-eos",
+        default="true",
+        choices=["true", "false"],
+        help="send ignore_eos so each request generates exactly max_tokens (default true)",
+    )
     group.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    group.add_argument("--wait-time", type=float, default=0.0,
-                       help="think time between a user's requests: uniform in [0, this] seconds (default 0)")
+    group.add_argument(
+        "--wait-time",
+        type=float,
+        default=0.0,
+        help="think time between a user's requests: uniform in [0, this] seconds (default 0)",
+    )
     group.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
-    group.add_argument("--failure-backoff", type=float, default=0.1,
-                       help="seconds a user waits after a failed request, so that refusals do not turn into a "
-                            "busy loop (default 0.1)")
-    group.add_argument("--throughput-interval", type=float, default=5.0,
-                       help="seconds between THROUGHPUT rows (output tokens/s, requests/s); 0: none")
-    group.add_argument("--workload-seed", type=int, default=0,
-                       help="seed of the prompt and length draws (0: a different draw each run)")
+    group.add_argument(
+        "--failure-backoff",
+        type=float,
+        default=0.1,
+        help="seconds a user waits after a failed request, so that refusals do not turn into a busy loop (default 0.1)",
+    )
+    group.add_argument(
+        "--throughput-interval",
+        type=float,
+        default=5.0,
+        help="seconds between THROUGHPUT rows (output tokens/s, requests/s); 0: none",
+    )
+    group.add_argument(
+        "--workload-seed",
+        type=int,
+        default=0,
+        help="seed of the prompt and length draws (0: a different draw each run)",
+    )
 
 
-_workload: Optional[Workload] = None
+_workload: Workload | None = None
 _user_counter = itertools.count()
 
 
@@ -120,8 +166,13 @@ def _on_test_start(environment, **_kw) -> None:
     low = o.max_tokens_min or (16 if uniform else 1)
     high = o.max_tokens_max or (128 if uniform else 4096)
     _workload = Workload.from_options(
-        prompts_file=o.prompts_file, dist=o.max_tokens_dist, low=low, high=high,
-        use_file_lengths=not o.ignore_file_max_tokens, input_words=o.input_words, seed=o.workload_seed,
+        prompts_file=o.prompts_file,
+        dist=o.max_tokens_dist,
+        low=low,
+        high=high,
+        use_file_lengths=not o.ignore_file_max_tokens,
+        input_words=o.input_words,
+        seed=o.workload_seed,
     )
     log.info("workload: %d prompts, max_tokens %r", len(_workload.samples), _workload.lengths)
 
@@ -135,7 +186,7 @@ def _workload_for(environment) -> Workload:
 # -------------------------------------------------------------------------------------------------- users
 
 
-def _itl_ms(completion: Completion) -> tuple[Optional[float], int]:
+def _itl_ms(completion: Completion) -> tuple[float | None, int]:
     """GenAI-Perf inter-token latency of one request: (last - first data response) / tokens after the first."""
     data = [c for c in completion.chunks if c.num_tokens > 0]
     later = sum(c.num_tokens for c in data[1:])
@@ -199,11 +250,14 @@ class _LLMUser(User):
         if itl is not None:
             self._fire("ITL", self.request_type, itl, later_tokens)
 
-    def _fire(self, request_type: str, name: str, ms: float, length: int,
-              exc: Optional[BaseException] = None) -> None:
+    def _fire(self, request_type: str, name: str, ms: float, length: int, exc: BaseException | None = None) -> None:
         self.environment.events.request.fire(
-            request_type=request_type, name=name, response_time=ms, response_length=length,
-            exception=exc, context={"user": type(self).__name__},
+            request_type=request_type,
+            name=name,
+            response_time=ms,
+            response_length=length,
+            exception=exc,
+            context={"user": type(self).__name__},
         )
 
 
@@ -231,8 +285,15 @@ class GrpcStreamUser(_LLMUser):
         if self.client is None:
             gevent_compat()  # grpc on gevent before the first channel is made (GrpcStream does it too late)
             self.client = self._grpcclient.InferenceServerClient(self.grpc_url)
-        stream = GrpcStream(prompt, self.grpc_url, self.options.model, stream=True, client=self.client,
-                            timeout_s=self.options.request_timeout, **params)
+        stream = GrpcStream(
+            prompt,
+            self.grpc_url,
+            self.options.model,
+            stream=True,
+            client=self.client,
+            timeout_s=self.options.request_timeout,
+            **params,
+        )
         return stream.completion()
 
 
@@ -243,8 +304,11 @@ class HttpStreamUser(_LLMUser):
 
     def call(self, prompt: str, params: dict) -> Completion:
         started = time.perf_counter()
-        chunks = list(stream_http(prompt, _http_url(self.host), self.options.model,
-                                  timeout_s=self.options.request_timeout, **params))
+        chunks = list(
+            stream_http(
+                prompt, _http_url(self.host), self.options.model, timeout_s=self.options.request_timeout, **params
+            )
+        )
         return Completion.from_chunks(chunks, started)
 
 
@@ -254,8 +318,14 @@ class HttpGenerateUser(_LLMUser):
     request_type = "http_generate"
 
     def call(self, prompt: str, params: dict) -> Completion:
-        return generate_http(prompt, _http_url(self.host), self.options.model,
-                             timeout_s=self.options.request_timeout, exclude_input_in_output=True, **params)
+        return generate_http(
+            prompt,
+            _http_url(self.host),
+            self.options.model,
+            timeout_s=self.options.request_timeout,
+            exclude_input_in_output=True,
+            **params,
+        )
 
 
 class OpenAIChatUser(_LLMUser):
@@ -268,14 +338,23 @@ class OpenAIChatUser(_LLMUser):
 
     def call(self, prompt: str, params: dict) -> Completion:
         url = urllib.parse.urlsplit(self.options.openai_url or _default_openai_url(self.host))
-        body = {"model": self.options.model, "messages": [{"role": "user", "content": prompt}], "stream": True,
-                "stream_options": {"include_usage": True}, **params}
+        body = {
+            "model": self.options.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **params,
+        }
         started = time.perf_counter()
         conn = http.client.HTTPConnection(url.hostname, url.port, timeout=self.options.request_timeout)
         chunks, usage = [], None
         try:
-            conn.request("POST", url.path.rstrip("/").removesuffix("/v1") + "/v1/chat/completions",
-                         body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            conn.request(
+                "POST",
+                url.path.rstrip("/").removesuffix("/v1") + "/v1/chat/completions",
+                body=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             response = conn.getresponse()
             if response.status != 200:
                 raise ServerError(f"HTTP {response.status}: {response.read().decode(errors='replace')}")
@@ -289,8 +368,9 @@ class OpenAIChatUser(_LLMUser):
                 for choice in event["choices"]:
                     text = choice["delta"].get("content") or ""
                     if text or choice["finish_reason"]:
-                        chunks.append(Chunk(text=text, finish_reason=choice["finish_reason"],
-                                            received_at=time.perf_counter()))
+                        chunks.append(
+                            Chunk(text=text, finish_reason=choice["finish_reason"], received_at=time.perf_counter())
+                        )
                 if self.drop_after_chunks and len(chunks) >= self.drop_after_chunks:
                     return Completion.from_chunks(chunks, started)  # the connection closes below, mid-stream
         finally:
@@ -303,24 +383,26 @@ class OpenAIChatUser(_LLMUser):
         return completion
 
 
-def _default_openai_url(host: Optional[str]) -> str:
+def _default_openai_url(host: str | None) -> str:
     return f"http://{_host_name(host)}:9000"
 
 
-def _http_url(host: Optional[str]) -> str:
+def _http_url(host: str | None) -> str:
     if not host:
         raise ServerError("no --host given (the HTTP endpoint, e.g. http://localhost:8000)")
     return host
 
 
-def _default_grpc_url(host: Optional[str]) -> str:
+def _default_grpc_url(host: str | None) -> str:
     return f"{_host_name(host)}:8001"
 
 
-def _host_name(host: Optional[str]) -> str:
+def _host_name(host: str | None) -> str:
     """The host name in --host (a URL or host[:port])."""
-    return urllib.parse.urlsplit(host if host and "//" in host else f"http://{host or 'localhost'}").hostname \
+    return (
+        urllib.parse.urlsplit(host if host and "//" in host else f"http://{host or 'localhost'}").hostname
         or "localhost"
+    )
 
 
 # ---------------------------------------------------------------------------------- throughput and summary
@@ -329,7 +411,7 @@ def _host_name(host: Optional[str]) -> str:
 def _e2e_totals(environment) -> tuple[int, int, int]:
     """(requests, failures, output tokens) over the e2e rows of the (aggregated) stats."""
     requests = failures = tokens = 0
-    for (name, method), entry in environment.stats.entries.items():
+    for (_name, method), entry in environment.stats.entries.items():
         if method in E2E_TYPES:
             requests += entry.num_requests
             failures += entry.num_failures
@@ -349,17 +431,25 @@ def _throughput_sampler(environment, interval: float) -> None:
         dt = now - last[0]
         if dt > 0 and requests > 0:
             environment.events.request.fire(
-                request_type=THROUGHPUT_TYPE, name=TOKENS_NAME, response_time=(tokens - last[2]) / dt,
-                response_length=tokens - last[2], exception=None, context={},
+                request_type=THROUGHPUT_TYPE,
+                name=TOKENS_NAME,
+                response_time=(tokens - last[2]) / dt,
+                response_length=tokens - last[2],
+                exception=None,
+                context={},
             )
             environment.events.request.fire(
-                request_type=THROUGHPUT_TYPE, name=REQUESTS_NAME, response_time=(requests - last[1]) / dt,
-                response_length=requests - last[1], exception=None, context={},
+                request_type=THROUGHPUT_TYPE,
+                name=REQUESTS_NAME,
+                response_time=(requests - last[1]) / dt,
+                response_length=requests - last[1],
+                exception=None,
+                context={},
             )
         last = (now, requests, tokens)
 
 
-_sampler: Optional[gevent.Greenlet] = None
+_sampler: gevent.Greenlet | None = None
 
 
 @events.test_start.add_listener
@@ -388,14 +478,29 @@ def summary_rows(environment) -> list[dict]:
         if entry is None or entry.num_requests == 0:
             continue
         ok = entry.num_requests - entry.num_failures
-        rows.append({"type": kind, "requests": entry.num_requests, "failures": entry.num_failures,
-                     "output_tokens": entry.total_content_length, "duration_s": round(duration, 3),
-                     "requests_per_s": round(ok / duration, 4),
-                     "output_tokens_per_s": round(entry.total_content_length / duration, 2)})
+        rows.append(
+            {
+                "type": kind,
+                "requests": entry.num_requests,
+                "failures": entry.num_failures,
+                "output_tokens": entry.total_content_length,
+                "duration_s": round(duration, 3),
+                "requests_per_s": round(ok / duration, 4),
+                "output_tokens_per_s": round(entry.total_content_length / duration, 2),
+            }
+        )
     requests, failures, tokens = _e2e_totals(environment)
-    rows.append({"type": "total", "requests": requests, "failures": failures, "output_tokens": tokens,
-                 "duration_s": round(duration, 3), "requests_per_s": round((requests - failures) / duration, 4),
-                 "output_tokens_per_s": round(tokens / duration, 2)})
+    rows.append(
+        {
+            "type": "total",
+            "requests": requests,
+            "failures": failures,
+            "output_tokens": tokens,
+            "duration_s": round(duration, 3),
+            "requests_per_s": round((requests - failures) / duration, 4),
+            "output_tokens_per_s": round(tokens / duration, 2),
+        }
+    )
     return rows
 
 
@@ -404,11 +509,16 @@ def _on_quitting(environment, **_kw) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return
     rows = summary_rows(environment)
-    lines = ["", "LLM summary (successful requests; output tokens over the run's duration):",
-             f"  {'type':<14}{'requests':>9}{'failures':>9}{'out tokens':>11}{'req/s':>9}{'out tok/s':>11}"]
+    lines = [
+        "",
+        "LLM summary (successful requests; output tokens over the run's duration):",
+        f"  {'type':<14}{'requests':>9}{'failures':>9}{'out tokens':>11}{'req/s':>9}{'out tok/s':>11}",
+    ]
     for r in rows:
-        lines.append(f"  {r['type']:<14}{r['requests']:>9}{r['failures']:>9}{r['output_tokens']:>11}"
-                     f"{r['requests_per_s']:>9.2f}{r['output_tokens_per_s']:>11.1f}")
+        lines.append(
+            f"  {r['type']:<14}{r['requests']:>9}{r['failures']:>9}{r['output_tokens']:>11}"
+            f"{r['requests_per_s']:>9.2f}{r['output_tokens_per_s']:>11.1f}"
+        )
     print("\n".join(lines), flush=True)
     prefix = getattr(environment.parsed_options, "csv_prefix", None)
     if prefix:

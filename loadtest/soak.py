@@ -12,6 +12,7 @@ The user mix is pluggable: `--mix NAME:WEIGHT,...` picks from USER_CLASSES (the 
 cancelling and dropping ones below, OpenAI users included); `--user-module pkg.module` adds the Locust User
 classes a module exports to the names `--mix` can use.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,11 @@ import launcher  # noqa: E402
 from client.api import Completion, GrpcStream, stream_http  # noqa: E402
 from loadtest import locustfile  # noqa: E402
 from loadtest.locustfile import (  # noqa: E402
-    GrpcStreamUser, HttpGenerateUser, HttpStreamUser, OpenAIChatUser, _http_url,
+    GrpcStreamUser,
+    HttpGenerateUser,
+    HttpStreamUser,
+    OpenAIChatUser,
+    _http_url,
 )
 from testkit import prometheus  # noqa: E402
 from testkit.stats import percentile  # noqa: E402
@@ -66,8 +71,9 @@ class CancellingGrpcUser(_LeavesMidStream, GrpcStreamUser):
     request_type = "grpc_cancel"
 
     def call(self, prompt, params):
-        stream = GrpcStream(prompt, self.grpc_url, self.options.model, stream=True,
-                            timeout_s=self.options.request_timeout, **params)
+        stream = GrpcStream(
+            prompt, self.grpc_url, self.options.model, stream=True, timeout_s=self.options.request_timeout, **params
+        )
         for i, _chunk in enumerate(stream):
             if i + 1 >= RESPONSES_BEFORE_LEAVING:
                 stream.cancel()
@@ -82,8 +88,9 @@ class DroppingHttpStreamUser(_LeavesMidStream, HttpStreamUser):
 
     def call(self, prompt, params):
         chunks, started = [], time.perf_counter()
-        events = stream_http(prompt, _http_url(self.host), self.options.model,
-                             timeout_s=self.options.request_timeout, **params)
+        events = stream_http(
+            prompt, _http_url(self.host), self.options.model, timeout_s=self.options.request_timeout, **params
+        )
         for chunk in events:
             chunks.append(chunk)
             if len(chunks) >= RESPONSES_BEFORE_LEAVING:
@@ -100,11 +107,21 @@ class DroppingOpenAIUser(_LeavesMidStream, OpenAIChatUser):
 
 
 USER_CLASSES: dict[str, type] = {
-    cls.__name__: cls for cls in (GrpcStreamUser, HttpStreamUser, HttpGenerateUser, OpenAIChatUser,
-                                  CancellingGrpcUser, DroppingHttpStreamUser, DroppingOpenAIUser)
+    cls.__name__: cls
+    for cls in (
+        GrpcStreamUser,
+        HttpStreamUser,
+        HttpGenerateUser,
+        OpenAIChatUser,
+        CancellingGrpcUser,
+        DroppingHttpStreamUser,
+        DroppingOpenAIUser,
+    )
 }
-DEFAULT_MIX = ("GrpcStreamUser:3,HttpStreamUser:2,HttpGenerateUser:2,OpenAIChatUser:3,CancellingGrpcUser:1,"
-               "DroppingHttpStreamUser:1,DroppingOpenAIUser:1")
+DEFAULT_MIX = (
+    "GrpcStreamUser:3,HttpStreamUser:2,HttpGenerateUser:2,OpenAIChatUser:3,CancellingGrpcUser:1,"
+    "DroppingHttpStreamUser:1,DroppingOpenAIUser:1"
+)
 
 
 def user_mix(spec: str, modules: list[str]) -> list[type]:
@@ -135,9 +152,16 @@ class Recorder:
     samples: list[dict] = field(default_factory=list)  # t, rss_mb, kv_blocks_used, running, waiting
 
     def on_request(self, request_type, name, response_time, response_length, exception=None, **_kw):
-        self.requests.append({"t": time.monotonic() - self.started, "type": request_type, "name": name,
-                              "ms": response_time, "tokens": response_length,
-                              "error": None if exception is None else str(exception)[:300]})
+        self.requests.append(
+            {
+                "t": time.monotonic() - self.started,
+                "type": request_type,
+                "name": name,
+                "ms": response_time,
+                "tokens": response_length,
+                "error": None if exception is None else str(exception)[:300],
+            }
+        )
 
     def sample(self, processes: list[psutil.Process], metrics_url: str, model: str) -> None:
         values = scrape(metrics_url, model)
@@ -158,9 +182,14 @@ def rss_mb(processes: list[psutil.Process]) -> float:
 def scrape(metrics_url: str, model: str) -> dict:
     """`model`'s KV blocks used, requests running and waiting (-1.0 where a series is missing)."""
     metrics = prometheus.scrape(metrics_url)
-    return {key: prometheus.value(metrics, metric, -1.0, model=model, version="1")
-            for key, metric in (("kv_blocks_used", KV_METRIC), ("running", "llm_requests_running"),
-                                ("waiting", "llm_requests_waiting"))}
+    return {
+        key: prometheus.value(metrics, metric, -1.0, model=model, version="1")
+        for key, metric in (
+            ("kv_blocks_used", KV_METRIC),
+            ("running", "llm_requests_running"),
+            ("waiting", "llm_requests_waiting"),
+        )
+    }
 
 
 # ------------------------------------------------------------------------------------------------ analysis
@@ -178,18 +207,30 @@ def analyse(rec: Recorder, duration_s: float, settled: dict) -> dict:
         ttft = [r["ms"] for r in rec.requests if r["type"] == "TTFT" and m * 60 <= r["t"] < (m + 1) * 60]
         done = [r for r in e2e if m * 60 <= r["t"] < (m + 1) * 60]
         rss = [s["rss_mb"] for s in rec.samples if m * 60 <= s["t"] < (m + 1) * 60]
-        minutes.append({"minute": m + 1, "requests": len(done), "ttft_p50_ms": percentile(ttft, 50),
-                        "ttft_p99_ms": percentile(ttft, 99), "rss_mb_max": max(rss, default=float("nan"))})
+        minutes.append(
+            {
+                "minute": m + 1,
+                "requests": len(done),
+                "ttft_p50_ms": percentile(ttft, 50),
+                "ttft_p99_ms": percentile(ttft, 99),
+                "rss_mb_max": max(rss, default=float("nan")),
+            }
+        )
     warm = [s for s in rec.samples if s["t"] >= WARMUP_S]
     growth = (warm[-1]["rss_mb"] - warm[0]["rss_mb"]) / warm[0]["rss_mb"] * 100 if len(warm) > 1 else float("nan")
     return {
-        "duration_s": round(duration_s, 1), "requests": len(e2e), "by_type": by_type,
-        "intended_cancellations": len(cancels), "failures": len(failures),
+        "duration_s": round(duration_s, 1),
+        "requests": len(e2e),
+        "by_type": by_type,
+        "intended_cancellations": len(cancels),
+        "failures": len(failures),
         "failure_examples": sorted({r["error"] for r in failures})[:10],
         "rss_mb_start": rec.samples[0]["rss_mb"] if rec.samples else None,
         "rss_mb_after_warmup": warm[0]["rss_mb"] if warm else None,
         "rss_mb_end": rec.samples[-1]["rss_mb"] if rec.samples else None,
-        "rss_growth_after_warmup_pct": round(growth, 2), "minutes": minutes, "settled": settled,
+        "rss_growth_after_warmup_pct": round(growth, 2),
+        "minutes": minutes,
+        "settled": settled,
     }
 
 
@@ -215,8 +256,10 @@ def plot(rec: Recorder, summary: dict, path: Path) -> None:
     ax2.set_ylabel("ms")
     ax2.set_xlabel("minutes")
     ax2.legend()
-    fig.suptitle(f"soak: {summary['requests']} requests, {summary['failures']} unintended failures, "
-                 f"RSS growth after warm-up {summary['rss_growth_after_warmup_pct']:.2f} %")
+    fig.suptitle(
+        f"soak: {summary['requests']} requests, {summary['failures']} unintended failures, "
+        f"RSS growth after warm-up {summary['rss_growth_after_warmup_pct']:.2f} %"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -239,9 +282,11 @@ def report_text(summary: dict, args, classes, png: Path) -> str:
         f"Mix: `{args.mix}`; model `{args.model}` from `{_shown_path(args.model_repository)}`; max_tokens uniform in "
         f"[{args.max_tokens_min}, {args.max_tokens_max}] with ignore_eos; cancelling users stop after 3 responses.",
         "",
-        "| | result |", "|---|---|",
+        "| | result |",
+        "|---|---|",
         f"| duration | {s['duration_s']:.0f} s |",
-        f"| requests (finished or cancelled) | {s['requests']} ({', '.join(f'{k} {v}' for k, v in sorted(s['by_type'].items()))}) |",
+        f"| requests (finished or cancelled) | {s['requests']} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(s['by_type'].items()))}) |",
         f"| intended cancellations | {s['intended_cancellations']} |",
         f"| unintended failures | {s['failures']} |",
         f"| server RSS start / after warm-up ({WARMUP_S:.0f} s) / end | {_mb(s['rss_mb_start'])} / "
@@ -250,11 +295,14 @@ def report_text(summary: dict, args, classes, png: Path) -> str:
         f"| `{KV_METRIC}` at the end | {s['settled']['kv_blocks_used']:.0f} (running {s['settled']['running']:.0f}, "
         f"waiting {s['settled']['waiting']:.0f}; {s['settled']['after_s']:.1f} s after the users stopped) |",
         "",
-        "| minute | requests | TTFT p50 (ms) | TTFT p99 (ms) | RSS max (MiB) |", "|---|---|---|---|---|",
+        "| minute | requests | TTFT p50 (ms) | TTFT p99 (ms) | RSS max (MiB) |",
+        "|---|---|---|---|---|",
     ]
     for m in s["minutes"]:
-        lines.append(f"| {m['minute']} | {m['requests']} | {m['ttft_p50_ms']:.0f} | {m['ttft_p99_ms']:.0f} | "
-                     f"{m['rss_mb_max']:.0f} |")
+        lines.append(
+            f"| {m['minute']} | {m['requests']} | {m['ttft_p50_ms']:.0f} | {m['ttft_p99_ms']:.0f} | "
+            f"{m['rss_mb_max']:.0f} |"
+        )
     if s["failure_examples"]:
         lines += ["", "Failures (distinct messages):", ""] + [f"- `{e}`" for e in s["failure_examples"]]
     lines += ["", f"![RSS, KV blocks and TTFT over time]({png.name})", ""]
@@ -285,8 +333,9 @@ def main(argv=None) -> int:
     stem = args.name or time.strftime("soak-%Y%m%dT%H%MZ", time.gmtime())
     with launcher.running_server(args.model_repository, out / f"{stem}.server.log") as srv:
         port = launcher.free_port()
-        frontend = launcher.start_frontend(srv.grpc_url, port, out / f"{stem}.frontend.log", models=[args.model],
-                                        metrics_url=srv.metrics_url)
+        frontend = launcher.start_frontend(
+            srv.grpc_url, port, out / f"{stem}.frontend.log", models=[args.model], metrics_url=srv.metrics_url
+        )
         try:
             launcher.wait_until_frontend_ready(port, frontend)
             return run(args, classes, srv, frontend, out, stem)
@@ -296,13 +345,26 @@ def main(argv=None) -> int:
 
 def run(args, classes, srv, frontend, out: Path, stem: str) -> int:
     options = argparse.Namespace(
-        grpc_url=srv.grpc_url, openai_url=f"http://127.0.0.1:{frontend.port}/v1", model=args.model, prompts_file="", input_words="", max_tokens_dist="uniform",
-        max_tokens_min=args.max_tokens_min, max_tokens_max=args.max_tokens_max, ignore_file_max_tokens=False,
-        ignore_eos="true", temperature=0.0, wait_time=0.0, request_timeout=600.0, failure_backoff=0.1,
-        throughput_interval=0.0, workload_seed=1,
+        grpc_url=srv.grpc_url,
+        openai_url=f"http://127.0.0.1:{frontend.port}/v1",
+        model=args.model,
+        prompts_file="",
+        input_words="",
+        max_tokens_dist="uniform",
+        max_tokens_min=args.max_tokens_min,
+        max_tokens_max=args.max_tokens_max,
+        ignore_file_max_tokens=False,
+        ignore_eos="true",
+        temperature=0.0,
+        wait_time=0.0,
+        request_timeout=600.0,
+        failure_backoff=0.1,
+        throughput_interval=0.0,
+        workload_seed=1,
     )
-    env = Environment(user_classes=classes, host=f"http://{srv.http_url}", parsed_options=options,
-                      events=locustfile.events)
+    env = Environment(
+        user_classes=classes, host=f"http://{srv.http_url}", parsed_options=options, events=locustfile.events
+    )
     rec = Recorder()
     env.events.request.add_listener(rec.on_request)
     server = [psutil.Process(srv.proc.pid), psutil.Process(frontend.pid)]
@@ -323,14 +385,20 @@ def run(args, classes, srv, frontend, out: Path, stem: str) -> int:
     while time.monotonic() - rec.started < duration:
         gevent.sleep(5)
         minute = (time.monotonic() - rec.started) / 60
-        print(f"[soak] {minute:5.1f} min: {len(rec.requests)} events, RSS "
-              f"{rec.samples[-1]['rss_mb'] if rec.samples else 0:.0f} MiB", flush=True)
+        print(
+            f"[soak] {minute:5.1f} min: {len(rec.requests)} events, RSS "
+            f"{rec.samples[-1]['rss_mb'] if rec.samples else 0:.0f} MiB",
+            flush=True,
+        )
     runner.stop()  # users are killed mid-request: those requests are dropped connections too
     elapsed = time.monotonic() - rec.started
     stopped = time.monotonic()
     settled = scrape(srv.metrics_url, args.model)
-    while (settled["kv_blocks_used"], settled["running"], settled["waiting"]) != (0, 0, 0) \
-            and time.monotonic() - stopped < 60:
+    while (settled["kv_blocks_used"], settled["running"], settled["waiting"]) != (
+        0,
+        0,
+        0,
+    ) and time.monotonic() - stopped < 60:
         gevent.sleep(0.5)
         settled = scrape(srv.metrics_url, args.model)
     settled["after_s"] = round(time.monotonic() - stopped, 1)

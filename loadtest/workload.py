@@ -16,14 +16,15 @@ Output-length distributions (`--max-tokens-dist`), always clamped to [min, max]:
     exponential:MEAN      rounded exponential
     choice:A,B,C          one of the listed values, equally likely
 """
+
 from __future__ import annotations
 
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 __all__ = ["Sample", "Workload", "LengthDistribution", "load_prompts", "synthetic_prompts", "SYNTHETIC_PROMPTS"]
 
@@ -65,7 +66,7 @@ SYNTHETIC_PROMPTS: list[str] = [
     "Write a short story about a time traveler",
     "Describe the process of photosynthesis",
     "Summarize the plot of Romeo and Juliet",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "List five animals that live in the ocean:\n1.",
     "Translate to French: 'Good morning, how are you?'\nFrench:",
     _chat("What are three good habits for staying healthy?"),
@@ -78,8 +79,9 @@ SYNTHETIC_PROMPTS: list[str] = [
 ]
 
 
-def synthetic_prompts(num: int = 0, words: Optional["LengthDistribution"] = None,
-                      rng: Optional[random.Random] = None) -> list[str]:
+def synthetic_prompts(
+    num: int = 0, words: LengthDistribution | None = None, rng: random.Random | None = None
+) -> list[str]:
     """The built-in set; with `words`, `num` prompts (default 100) whose word counts follow `words`: windows of
     a fixed passage, then a question (GenAI-Perf style synthetic inputs of controlled length)."""
     if words is None:
@@ -98,7 +100,7 @@ def synthetic_prompts(num: int = 0, words: Optional["LengthDistribution"] = None
 @dataclass(frozen=True)
 class Sample:
     prompt: str
-    max_tokens: Optional[int] = None  # None: draw from the distribution
+    max_tokens: int | None = None  # None: draw from the distribution
 
 
 def _unescape(line: str) -> str:
@@ -214,9 +216,17 @@ class Workload:
         self.use_file_lengths = use_file_lengths
 
     @classmethod
-    def from_options(cls, prompts_file: str = "", dist: str = "uniform", low: int = 16, high: int = 128,
-                     use_file_lengths: bool = True, input_words: str = "", num_synthetic: int = 0,
-                     seed: int = 0) -> "Workload":
+    def from_options(
+        cls,
+        prompts_file: str = "",
+        dist: str = "uniform",
+        low: int = 16,
+        high: int = 128,
+        use_file_lengths: bool = True,
+        input_words: str = "",
+        num_synthetic: int = 0,
+        seed: int = 0,
+    ) -> Workload:
         lengths = LengthDistribution(dist, low, high)
         if prompts_file:
             samples = load_prompts(prompts_file)

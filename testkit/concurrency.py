@@ -1,4 +1,5 @@
 """Running calls at once and reporting their failures together."""
+
 from __future__ import annotations
 
 import threading

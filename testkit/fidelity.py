@@ -6,6 +6,7 @@ near-tie: each among the other side's top-`TOP_K` candidates, and on each side t
 `MAX_LOGIT_GAP` apart. (bf16 logits near 16 are 0.125 apart, and three-way ties occur.) float32 is held to
 identity (`Verdict.identical`). `testkit.hf_reference.HFReference.judge` applies it against the reference.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,7 @@ def first_mismatch(got: list[int], want: list[int]) -> str:
     return f"lengths differ: got {len(got)} tokens, reference {len(want)}"
 
 
-def judge(ours: list[int], reference: list[int], our_top: dict[int, float], ref_logits: torch.Tensor | None
-          ) -> Verdict:
+def judge(ours: list[int], reference: list[int], our_top: dict[int, float], ref_logits: torch.Tensor | None) -> Verdict:
     """Compare two greedy completions. `our_top`: our top-k {token: logprob} at the first differing position
     (log-probabilities differ by exactly the logits' difference); `ref_logits`: the reference's logits there."""
     position = first_difference(ours, reference)
@@ -54,9 +54,13 @@ def judge(ours: list[int], reference: list[int], our_top: dict[int, float], ref_
     ref_gap = float(ref_logits[theirs] - ref_logits[mine])
     our_gap = our_top[mine] - our_top[theirs] if theirs in our_top else float("inf")
     ok = mine in ref_top and theirs in our_top and abs(ref_gap) < MAX_LOGIT_GAP and abs(our_gap) < MAX_LOGIT_GAP
-    return Verdict(False, ok, f"token {position}: ours {mine}, reference {theirs}; logit gap reference "
-                              f"{ref_gap:.3f}, ours {our_gap:.3f}; ours in reference top-{TOP_K}: {mine in ref_top}, "
-                              f"reference in our top-{TOP_K}: {theirs in our_top}")
+    return Verdict(
+        False,
+        ok,
+        f"token {position}: ours {mine}, reference {theirs}; logit gap reference "
+        f"{ref_gap:.3f}, ours {our_gap:.3f}; ours in reference top-{TOP_K}: {mine in ref_top}, "
+        f"reference in our top-{TOP_K}: {theirs in our_top}",
+    )
 
 
 def summarize(verdicts: list[Verdict]) -> str:

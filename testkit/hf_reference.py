@@ -18,6 +18,7 @@ same (a fingerprint). An instance is thread-safe (one lock; a computation holds 
 
 torch and transformers are imported when a model is first needed, not when this module is imported.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +46,7 @@ class RefOutput:
 
 
 def dtype_name(dtype: str | torch.dtype) -> str:
-    """"float32" for "float32" or torch.float32."""
+    """ "float32" for "float32" or torch.float32."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -55,8 +56,9 @@ class HFReference:
     _shared: dict[tuple[str, str], HFReference] = {}
     _shared_lock = threading.Lock()
 
-    def __init__(self, model_dir: str | Path, dtype: str | torch.dtype = "float32",
-                 cache_path: str | Path | None = None):
+    def __init__(
+        self, model_dir: str | Path, dtype: str | torch.dtype = "float32", cache_path: str | Path | None = None
+    ):
         self.model_dir = Path(model_dir)
         self.dtype = dtype_name(dtype)
         self.cache_path = Path(cache_path) if cache_path else None
@@ -76,8 +78,9 @@ class HFReference:
                     pass
 
     @classmethod
-    def shared(cls, model_dir: str | Path, dtype: str | torch.dtype = "float32",
-               cache_path: str | Path | None = None) -> HFReference:
+    def shared(
+        cls, model_dir: str | Path, dtype: str | torch.dtype = "float32", cache_path: str | Path | None = None
+    ) -> HFReference:
         """The process's one instance for (model_dir, dtype): its model is loaded once, its completions computed
         once. `cache_path` applies when the instance is first made (later calls may leave it out; a different
         one is an error)."""
@@ -87,8 +90,10 @@ class HFReference:
             if ref is None:
                 ref = cls._shared[key] = cls(model_dir, dtype, cache_path)
             elif cache_path and (ref.cache_path is None or Path(cache_path) != ref.cache_path):
-                raise ValueError(f"HFReference.shared({model_dir!r}, {key[1]}) was made with cache_path="
-                                 f"{ref.cache_path}, not {cache_path}")
+                raise ValueError(
+                    f"HFReference.shared({model_dir!r}, {key[1]}) was made with cache_path="
+                    f"{ref.cache_path}, not {cache_path}"
+                )
             return ref
 
     # ------------------------------------------------------------------------------------------- the model
@@ -100,7 +105,8 @@ class HFReference:
                 from transformers import AutoModelForCausalLM
 
                 self._model = AutoModelForCausalLM.from_pretrained(
-                    self.model_dir, dtype=getattr(torch, self.dtype)).eval()
+                    self.model_dir, dtype=getattr(torch, self.dtype)
+                ).eval()
             return self._model
 
     @property
@@ -126,8 +132,9 @@ class HFReference:
 
     @staticmethod
     def _key(prompt: Prompt, max_tokens: int, stop_at_eos: bool) -> str:
-        return json.dumps([prompt if isinstance(prompt, str) else [int(t) for t in prompt], int(max_tokens),
-                           bool(stop_at_eos)])
+        return json.dumps(
+            [prompt if isinstance(prompt, str) else [int(t) for t in prompt], int(max_tokens), bool(stop_at_eos)]
+        )
 
     def _generate(self, prompt: Prompt, max_tokens: int, stop_at_eos: bool) -> list[int]:
         import torch
@@ -139,16 +146,23 @@ class HFReference:
         pad = model.generation_config.pad_token_id
         extra = {} if stop_at_eos else {"eos_token_id": None}
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,
-                                 pad_token_id=pad if pad is not None else min(eos_ids, default=0), **extra)
-        new = out[0, ids.shape[1]:].tolist()
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                pad_token_id=pad if pad is not None else min(eos_ids, default=0),
+                **extra,
+            )
+        new = out[0, ids.shape[1] :].tolist()
         if stop_at_eos:  # (batch 1: generation stops there already)
             end = next((i for i, t in enumerate(new) if t in eos_ids), None)
             new = new if end is None else new[: end + 1]
         return new
 
-    def greedy_many(self, cases: Sequence[tuple[Prompt, int]], *, stop_at_eos: bool = True,
-                    stop: threading.Event | None = None) -> list[list[int]] | None:
+    def greedy_many(
+        self, cases: Sequence[tuple[Prompt, int]], *, stop_at_eos: bool = True, stop: threading.Event | None = None
+    ) -> list[list[int]] | None:
         """The new token ids of each (prompt, max_tokens) case (computed once; kept in the cache file if any).
         `stop` (set) abandons the work between cases: None is returned."""
         keys = [self._key(p, m, stop_at_eos) for p, m in cases]
@@ -191,8 +205,9 @@ class HFReference:
         with self._lock, torch.inference_mode():
             return self._load()(torch.tensor([ids])).logits[0, -1].float()
 
-    def judge(self, prompt: Prompt, ours: list[int], reference: list[int], our_logprobs: list[dict]
-              ) -> fidelity.Verdict:
+    def judge(
+        self, prompt: Prompt, ours: list[int], reference: list[int], our_logprobs: list[dict]
+    ) -> fidelity.Verdict:
         """`ours` against `reference` (this model's greedy completion) by the near-tie rule (testkit.fidelity).
         `our_logprobs`: per generated token, {"top_logprobs": {token: logprob}} as the engine returns them."""
         position = fidelity.first_difference(ours, reference)

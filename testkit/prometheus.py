@@ -7,6 +7,7 @@ labels, `samples` finds every series whose labels include the given ones, and `s
     value(metrics, "llm_requests_running", model="llm", version="1")       # nan when absent
     samples(metrics, "llm_kv_cache_usage_ratio", model="llm")              # [v, ...]
 """
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """The mixed prompt set the correctness tests and the fidelity benchmark share: 24 (prompt, max_tokens) cases of
 mixed lengths and kinds (prose, code, a list, a table, a chat-formatted prompt), and the texts they are built from.
 """
+
 from __future__ import annotations
 
 PARAGRAPHS = [

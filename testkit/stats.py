@@ -1,4 +1,5 @@
 """The one percentile definition of the tests, benchmarks and load tests."""
+
 from __future__ import annotations
 
 import math

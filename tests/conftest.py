@@ -1,6 +1,7 @@
 """Shared by both suites: under CI (CI=true, as `.ci/run` sets) a test that would be skipped for a missing
 part of the set-up (the model, tritonserver, a browser, a tool) fails instead, so a broken set-up cannot pass
 CI by skipping; outside CI such tests skip and say what to build."""
+
 from __future__ import annotations
 
 import os
@@ -22,11 +23,15 @@ def in_ci() -> bool:
 
 def pytest_sessionstart(session):
     """Under CI a missing part of the set-up ends the run at once, with one message saying what to build."""
-    missing = [f"{path.relative_to(REPO_ROOT)} (built by `{target}`)"
-               for path, target in REQUIRED_SET_UP.items() if not path.exists()]
+    missing = [
+        f"{path.relative_to(REPO_ROOT)} (built by `{target}`)"
+        for path, target in REQUIRED_SET_UP.items()
+        if not path.exists()
+    ]
     if missing and in_ci():
-        pytest.exit("CI=true and the set-up is incomplete, so the suite cannot run: missing " + "; ".join(missing),
-                    returncode=3)
+        pytest.exit(
+            "CI=true and the set-up is incomplete, so the suite cannot run: missing " + "; ".join(missing), returncode=3
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)

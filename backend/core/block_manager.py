@@ -8,6 +8,7 @@ with its parent block's hash (blake2b, so equal hashes mean equal prefixes; the 
 A freed block keeps its contents and hash; free blocks are handed out least-recently-freed first, so cached
 prefixes survive as long as memory allows.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Engine configuration: every knob of `config.pbtxt` `parameters`, parsed and validated at load."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,7 @@ class EngineConfig:
         return bool(self.draft_model) and self.num_speculative_tokens > 0
 
     @classmethod
-    def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> "EngineConfig":
+    def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> EngineConfig:
         """Build from string key/values (Triton `parameters`); unknown keys and bad values raise ConfigError."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - set(fields))

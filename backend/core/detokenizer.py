@@ -5,6 +5,7 @@ long the output is; a token that ends inside a multi-byte UTF-8 character yields
 completes. Stop strings are matched on the text; the part of the text that could still be the start of a
 stop string is held back until the next token decides it, so a stop string never leaks to the client.
 """
+
 from __future__ import annotations
 
 _PROMPT_CONTEXT_TOKENS = 6  # prompt tail decoded with the output, so a leading space is rendered right

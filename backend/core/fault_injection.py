@@ -10,9 +10,10 @@ contains `marker`:
     engine_death:MARKER  the engine thread dies at the start of the next step after such a request is
                          admitted (as a bug outside the guarded forward pass would)
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from backend.core.config import ConfigError
 

@@ -6,6 +6,7 @@ Triton. Each Triton metric update is a blocking round trip to the server process
 throughout), so the Triton model puts a `PeriodicPublisher` in between: updates are buffered and replayed
 from the publisher's own thread every 100 ms.
 """
+
 from __future__ import annotations
 
 import logging

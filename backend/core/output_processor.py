@@ -6,6 +6,7 @@ detokenizer holds back text that may become one), a completed grammar, max_token
 for a stream, everything at the end otherwise, with each sample's cumulative logprob so far when it is
 tracked, and the prompt's logprobs (when asked for) once, in the first output after the prompt is computed.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,8 +40,14 @@ class SampleProgress:
 
 
 class OutputProcessor:
-    def __init__(self, scheduler: Scheduler, sampler: Sampler, metrics: EngineMetrics, eos_token_ids: set[int],
-                 max_model_len: int):
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        sampler: Sampler,
+        metrics: EngineMetrics,
+        eos_token_ids: set[int],
+        max_model_len: int,
+    ):
         self.scheduler = scheduler
         self.sampler = sampler
         self.metrics = metrics
@@ -102,8 +109,9 @@ class OutputProcessor:
                 new_ids = seq.output_token_ids[progress.num_sent_tokens :]
                 text = seq.detokenizer.take_new_text(seq.is_finished)
                 if new_ids or text or (seq.is_finished and not progress.final_sent):
-                    samples.append(_sample_output(seq, progress, text, new_ids,
-                                                  progress.logprobs[progress.num_sent_tokens :]))
+                    samples.append(
+                        _sample_output(seq, progress, text, new_ids, progress.logprobs[progress.num_sent_tokens :])
+                    )
                     progress.final_sent = seq.is_finished
                 progress.num_sent_tokens = seq.num_output_tokens
         elif finished:
@@ -120,17 +128,27 @@ class OutputProcessor:
             reason = request.sequences[0].finish_reason.value if request.sequences[0].finish_reason else "abort"
             self.metrics.inc("llm_requests_finished_total", labels={"finish_reason": reason})
         prompt_logprobs = None
-        if samples and request.prompt_logprobs is not None and not request.computing_prompt_logprobs \
-                and not request.prompt_logprobs_sent:
+        if (
+            samples
+            and request.prompt_logprobs is not None
+            and not request.computing_prompt_logprobs
+            and not request.prompt_logprobs_sent
+        ):
             prompt_logprobs, request.prompt_logprobs_sent = request.prompt_logprobs, True
         return RequestOutput(
-            request.request_id, samples, len(request.prompt_token_ids), finished, request.error, request,
+            request.request_id,
+            samples,
+            len(request.prompt_token_ids),
+            finished,
+            request.error,
+            request,
             prompt_logprobs,
         )
 
 
-def _sample_output(seq: Sequence, progress: SampleProgress, text: str, token_ids: list[int],
-                   logprobs: list[dict]) -> SampleOutput:
+def _sample_output(
+    seq: Sequence, progress: SampleProgress, text: str, token_ids: list[int], logprobs: list[dict]
+) -> SampleOutput:
     return SampleOutput(
         sample_index=seq.sample_index,
         text=text,

@@ -1,12 +1,13 @@
 """Requests, their sequences (one per parallel sample) and what the engine emits for them."""
+
 from __future__ import annotations
 
 import enum
 import itertools
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -33,7 +34,7 @@ _seq_ids = itertools.count()
 class Sequence:
     """One generated continuation of a prompt: its tokens, its KV blocks, its sampler state."""
 
-    def __init__(self, request: "Request", sample_index: int, detokenizer: IncrementalDetokenizer):
+    def __init__(self, request: Request, sample_index: int, detokenizer: IncrementalDetokenizer):
         self.seq_id = next(_seq_ids)
         self.request = request
         self.sample_index = sample_index
@@ -99,12 +100,17 @@ class SampleOutput:
     logprobs: list[dict] | None = None
     cumulative_logprob: float | None = None  # so far; None unless tracked
 
-    def followed_by(self, later: "SampleOutput") -> "SampleOutput":
+    def followed_by(self, later: SampleOutput) -> SampleOutput:
         """This delta and the next one of the same sample as one."""
         logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
         return SampleOutput(
-            self.sample_index, self.text + later.text, self.token_ids + later.token_ids,
-            later.finish_reason or self.finish_reason, later.num_output_tokens, logprobs, later.cumulative_logprob,
+            self.sample_index,
+            self.text + later.text,
+            self.token_ids + later.token_ids,
+            later.finish_reason or self.finish_reason,
+            later.num_output_tokens,
+            logprobs,
+            later.cumulative_logprob,
         )
 
 
@@ -115,18 +121,23 @@ class RequestOutput:
     num_input_tokens: int
     finished: bool
     error: str | None = None
-    request: "Request | None" = field(default=None, repr=False)
+    request: Request | None = field(default=None, repr=False)
     prompt_logprobs: list[dict | None] | None = None  # once, in the first output after the prompt is computed
 
-    def followed_by(self, later: "RequestOutput") -> "RequestOutput":
+    def followed_by(self, later: RequestOutput) -> RequestOutput:
         """This output and the next one of the same request as one response (a stream's deltas concatenate)."""
         samples = {s.sample_index: s for s in self.samples}
         for sample in later.samples:
             earlier = samples.get(sample.sample_index)
             samples[sample.sample_index] = sample if earlier is None else earlier.followed_by(sample)
         return RequestOutput(
-            self.request_id, list(samples.values()), later.num_input_tokens, later.finished,
-            later.error or self.error, later.request, self.prompt_logprobs or later.prompt_logprobs,
+            self.request_id,
+            list(samples.values()),
+            later.num_input_tokens,
+            later.finished,
+            later.error or self.error,
+            later.request,
+            self.prompt_logprobs or later.prompt_logprobs,
         )
 
 

@@ -6,6 +6,7 @@ so prefills and decodes share a step. When blocks run out, the most recently adm
 preempted: their blocks are freed and they wait at the front of the queue to be recomputed (from the prefix
 cache where it still holds their blocks).
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -2,6 +2,7 @@
 
 It is synchronous and single-threaded; `EngineLoop` runs it on its own thread for the Triton model.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,8 +60,14 @@ class LLMEngine:
         if num_blocks < 1:
             raise ConfigError("parameter 'kv_cache_memory_bytes' is too small for a single KV block")
         self.runner = ModelRunner(
-            config.model, config.dtype, config.block_size, num_blocks, config.device, config.model_impl,
-            config.quantization, config.max_lowbit_rows,
+            config.model,
+            config.dtype,
+            config.block_size,
+            num_blocks,
+            config.device,
+            config.model_impl,
+            config.quantization,
+            config.max_lowbit_rows,
         )
         log.info("model path %s; linear layers: %s", self.runner.impl, self.runner.kernel)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)  # the engine thread's (decoding)
@@ -89,8 +96,12 @@ class LLMEngine:
         capacity = num_blocks * config.block_size
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB); max concurrency for %d-token sequences: %.2fx",
-            num_blocks, config.block_size, capacity, self.runner.kv_cache.numel()
-            * self.runner.kv_cache.element_size() / 2**20, self.max_model_len, capacity / self.max_model_len,
+            num_blocks,
+            config.block_size,
+            capacity,
+            self.runner.kv_cache.numel() * self.runner.kv_cache.element_size() / 2**20,
+            self.max_model_len,
+            capacity / self.max_model_len,
         )
         self.metrics.set("llm_kv_cache_blocks_total", num_blocks)
         self.metrics.set("llm_engine_alive", 1)
@@ -108,7 +119,13 @@ class LLMEngine:
             requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows
         dtype, quantization = _resolve_weights(config, path, config.draft_dtype, requested)
         runner = ModelRunner(
-            path, dtype, config.block_size, num_blocks, config.device, config.model_impl, quantization,
+            path,
+            dtype,
+            config.block_size,
+            num_blocks,
+            config.device,
+            config.model_impl,
+            quantization,
             config.max_lowbit_rows,
         )
         if runner.shape.vocab_size < self.vocab_size:
@@ -183,10 +200,17 @@ class LLMEngine:
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
         params = request.params
         request.sequences = [
-            Sequence(request, i, IncrementalDetokenizer(
-                self.tokenizer, request.prompt_token_ids, params.stop, params.include_stop_str_in_output,
-                params.skip_special_tokens,
-            ))
+            Sequence(
+                request,
+                i,
+                IncrementalDetokenizer(
+                    self.tokenizer,
+                    request.prompt_token_ids,
+                    params.stop,
+                    params.include_stop_str_in_output,
+                    params.skip_special_tokens,
+                ),
+            )
             for i in range(params.n)
         ]
         self.requests[request.request_id] = request
@@ -279,8 +303,9 @@ class LLMEngine:
             self.spec.verify(verifying)
         self._sample(sampling, logits)
 
-    def _take_prompt_logprobs(self, scheduled: list[ScheduledSeq], prompt_rows: list[int],
-                              logits: torch.Tensor) -> torch.Tensor:
+    def _take_prompt_logprobs(
+        self, scheduled: list[ScheduledSeq], prompt_rows: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
         """Record the prompt logprobs of the chunks that asked for them (their first rows: position p's logits
         score prompt token p + 1); returns the rows left for sampling and verification."""
         keep, row = [], 0
@@ -288,8 +313,9 @@ class LLMEngine:
             if num_prompt_rows:
                 request = s.seq.request
                 scored = request.prompt_token_ids[s.start + 1 : s.start + 1 + num_prompt_rows]
-                entries = self.sampler.logprobs_rows(logits[row : row + num_prompt_rows], scored,
-                                                     request.params.prompt_logprobs)
+                entries = self.sampler.logprobs_rows(
+                    logits[row : row + num_prompt_rows], scored, request.params.prompt_logprobs
+                )
                 # a chunk computed again after a preemption adds only the positions not yet scored
                 request.prompt_logprobs += entries[len(request.prompt_logprobs) - 1 - s.start :]
                 row += num_prompt_rows
@@ -335,8 +361,9 @@ class LLMEngine:
         self.metrics.observe("llm_step_num_sequences", len(sched.scheduled))
         self.metrics.observe("llm_step_num_tokens", sched.num_batched_tokens)
         if self.watchers.active or self.config.log_batch_visualization:  # no record unless someone looks
-            record = step_record(self.num_steps, sched, self.scheduler, self.config.max_num_batched_tokens,
-                                 time.perf_counter() - started)
+            record = step_record(
+                self.num_steps, sched, self.scheduler, self.config.max_num_batched_tokens, time.perf_counter() - started
+            )
             self.watchers.publish(record)
             if self.config.log_batch_visualization:
                 log.info("%s", describe(record))
@@ -383,7 +410,12 @@ def _resolve_weights(config: EngineConfig, model: str, dtype: str, quantization:
         dtype, quantization, why, isa = resolve_for_model(model, dtype, quantization, config.device)
     except ValueError as exc:
         raise ConfigError(f"parameter 'quantization': {exc}") from None
-    log.info("%s: dtype %s, quantization %s (%s; kernel instruction set: %s)", model, dtype, quantization, why,
-             kernels.ISA_NAMES[isa])
+    log.info(
+        "%s: dtype %s, quantization %s (%s; kernel instruction set: %s)",
+        model,
+        dtype,
+        quantization,
+        why,
+        kernels.ISA_NAMES[isa],
+    )
     return dtype, quantization
-

@@ -1,6 +1,7 @@
 """Runs the engine on its own thread: requests come in from any thread; outputs go out through each
 request's `on_output` callback from the output sender's thread (`output_sender.py`), which also watches
 each request's `is_cancelled`, so the engine thread never waits on a client."""
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,7 @@ class EngineLoop:
         self.sender = OutputSender()
         self.failure: ErrorText | None = None  # why the engine thread died, once it has
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         self._thread.start()
         return self
 
@@ -77,7 +78,8 @@ class EngineLoop:
             with self._lock:
                 self.failure = ErrorText(
                     f"the engine stopped after an internal error ({type(exc).__name__}: {exc}); "
-                    "the model must be reloaded (restart the server)", UNAVAILABLE
+                    "the model must be reloaded (restart the server)",
+                    UNAVAILABLE,
                 )
             self._fail_in_flight(self.failure)
             self.engine.metrics.set("llm_engine_alive", 0)

@@ -8,6 +8,7 @@ in flight whether its client has cancelled (as TensorRT-LLM's model does): one r
 100 ms rather than one per response. A cancellation becomes `request.cancelled`, which the engine reads at
 its next step.
 """
+
 from __future__ import annotations
 
 import logging

@@ -9,6 +9,7 @@ attribute read per step). A slow watcher never slows the engine: each has a boun
 oldest record when full and counts the drops. backend/serving/batch_view.py streams a watcher's records to a
 client.
 """
+
 from __future__ import annotations
 
 import threading
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
 
 
-def step_record(step: int, sched: "SchedulerOutput", scheduler: "Scheduler", token_budget: int,
-                step_time_s: float = 0.0) -> dict:
+def step_record(
+    step: int, sched: SchedulerOutput, scheduler: Scheduler, token_budget: int, step_time_s: float = 0.0
+) -> dict:
     """The record of step number `step`. Queue and KV figures are read after the step (as the metric gauges)."""
     seqs = []
     for s in sched.scheduled:
@@ -32,8 +34,9 @@ def step_record(step: int, sched: "SchedulerOutput", scheduler: "Scheduler", tok
         if s.num_spec_tokens:
             entry.update(kind=VERIFY, drafted=s.num_spec_tokens, accepted=s.num_accepted)
         elif s.is_prefill or s.num_new_tokens > 1:  # a prompt chunk, or recomputation after preemption
-            entry.update(kind=PREFILL, start=s.start, end=s.start + s.num_new_tokens,
-                         prompt_tokens=seq.num_prompt_tokens)
+            entry.update(
+                kind=PREFILL, start=s.start, end=s.start + s.num_new_tokens, prompt_tokens=seq.num_prompt_tokens
+            )
         else:
             entry.update(kind=DECODE)
         entry["finished"] = seq.is_finished

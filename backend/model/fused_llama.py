@@ -8,6 +8,7 @@ RoPE applied to queries and keys together, and the residual stream kept as one [
 arithmetic is Hugging Face's, op for op (RMSNorm in float32, RoPE and residuals in the model's dtype), so
 float32 results match the generic path.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ def supports(config) -> bool:
     """Whether `config` describes a model this fused forward computes exactly like Hugging Face."""
     architectures = getattr(config, "architectures", None) or []
     return (
-        bool(architectures) and architectures[0] in ARCHITECTURES
+        bool(architectures)
+        and architectures[0] in ARCHITECTURES
         and getattr(config, "hidden_act", "silu") == "silu"
         and not getattr(config, "use_sliding_window", False)
     )
@@ -56,8 +58,15 @@ class FusedLlama:
     """`blocks` (Hugging Face parameter name -> packed GGUF blocks, see `gguf_weights.py`) are served by the low-bit
     kernel on instruction set `isa` for steps of up to `max_m` rows; other weights follow `quantization`."""
 
-    def __init__(self, hf_model, quantization: str = "none", blocks: dict[str, Packed] | None = None,
-                 isa: int = 0, max_m: int = 8, use_layer_ops: bool = True):
+    def __init__(
+        self,
+        hf_model,
+        quantization: str = "none",
+        blocks: dict[str, Packed] | None = None,
+        isa: int = 0,
+        max_m: int = 8,
+        use_layer_ops: bool = True,
+    ):
         config = hf_model.config
         inner = hf_model.model
         self.num_heads = config.num_attention_heads
@@ -74,8 +83,9 @@ class FusedLlama:
 
         def linear(modules, kind: str = quantization):
             weights = [m.weight for m in modules]
-            return make_linear(weights, [m.bias for m in modules], kind, max_m,
-                               [blocks.get(names[id(w)]) for w in weights], isa)
+            return make_linear(
+                weights, [m.bias for m in modules], kind, max_m, [blocks.get(names[id(w)]) for w in weights], isa
+            )
 
         self.layers = [
             _Layer(
@@ -99,7 +109,8 @@ class FusedLlama:
     def linear_layers(self) -> list[DenseLinear]:
         """Every linear layer a step runs, in order, LM head last."""
         return [lin for layer in self.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [
-            self.lm_head]
+            self.lm_head
+        ]
 
     def _forward_short(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
@@ -114,8 +125,17 @@ class FusedLlama:
         normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
         for index, layer in enumerate(self.layers):
             attended = ops.rope_paged_attention(
-                layer.qkv(normed), cos, sin, meta.kv_cache[index], meta.slot_mapping, positions, meta.row_seq,
-                meta.block_tables, self.num_heads, self.num_kv_heads, self.scale,
+                layer.qkv(normed),
+                cos,
+                sin,
+                meta.kv_cache[index],
+                meta.slot_mapping,
+                positions,
+                meta.row_seq,
+                meta.block_tables,
+                self.num_heads,
+                self.num_kv_heads,
+                self.scale,
             )
             normed = ops.add_rms_norm(hidden, layer.o_proj(attended), layer.post_norm, eps)
             delta = layer.down(ops.silu_mul(layer.gate_up(normed)))

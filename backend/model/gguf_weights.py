@@ -6,6 +6,7 @@ low-bit kernels can serve them exactly. `verified_blocks` proves that per weight
 is served: a folder whose fp32 weights differ (fine-tuned after conversion, another GGUF) is never served
 from the blocks.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,12 @@ log = logging.getLogger(__name__)
 GGUF_NAME = "model.gguf"
 _FORMATS = {"Q4_1": "q4_1", "Q8_0": "q8_0"}
 _LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 
@@ -163,4 +168,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-

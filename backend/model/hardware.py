@@ -2,6 +2,7 @@
 quantization applies.
 
 Each answer comes with the reason, for the load log."""
+
 from __future__ import annotations
 
 import os
@@ -73,8 +74,11 @@ def resolve_weights(
             return "float32", "gguf", "auto: the model's own GGUF blocks, exact, with fp32 activations"
         dtype, why = resolve_dtype(dtype, device, flags)
         if dtype == "bfloat16":
-            reason = f"the CPU has {bf16_faster[0]}, where bf16 + int4 measured faster" if bf16_faster and has_gguf \
+            reason = (
+                f"the CPU has {bf16_faster[0]}, where bf16 + int4 measured faster"
+                if bf16_faster and has_gguf
                 else "no GGUF blocks or no low-bit kernel"
+            )
             return dtype, "int4", f"auto: {reason}; dtype {why}"
         return dtype, "none", f"auto: no GGUF blocks or no low-bit kernel, dense weights; dtype {why}"
     if quantization in _FP32_KINDS:
@@ -112,4 +116,3 @@ def resolve_for_model(model_dir: str, dtype: str, quantization: str, device: str
     has_gguf = find_gguf(model_dir) is not None
     isa = kernels.best_isa() if device == "cpu" and (has_gguf or quantization in _FP32_KINDS) else 0
     return (*resolve_weights(dtype, quantization, device, has_gguf, isa), isa)
-

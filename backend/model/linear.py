@@ -11,6 +11,7 @@ decoding runs, where reading the weights bounds the step, and fall back to the d
 our C++ kernel (`kernels/lowbit.cpp`) with fp32 activations and accumulation, so it computes the fp32 model up
 to summation order while reading a seventh of its bytes. Its pure-torch fallback is the dense fp32 weight.
 """
+
 from __future__ import annotations
 
 import torch
@@ -110,8 +111,12 @@ class LowBitLinear(DenseLinear):
 
 
 def make_linear(
-    weights: list[torch.Tensor], biases: list[torch.Tensor | None], quantization: str = "none", max_m: int = 8,
-    blocks: list[Packed | None] | None = None, isa: int = 0,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    quantization: str = "none",
+    max_m: int = 8,
+    blocks: list[Packed | None] | None = None,
+    isa: int = 0,
 ) -> DenseLinear:
     """One linear layer computing the concatenation of `weights` (each [out_i, in]) applied to the same input.
     With `blocks` (one per weight, all present) and a kernel for this CPU (`isa` > 0), the low-bit kernel

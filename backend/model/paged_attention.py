@@ -6,6 +6,7 @@ into the KV pool at their slots, then each sequence attends over its own blocks 
 Short queries (decodes, speculative verification) are attended in one padded SDPA call; long prefill chunks
 each get their own call, so one long prompt does not pad every decode to its length.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -151,8 +152,12 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
     ([1, T, H, D], None)."""
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = paged_attention(
-        module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-        kwargs["paged_attention"], scale,
+        module.layer_idx,
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        kwargs["paged_attention"],
+        scale,
     )
     return out.unsqueeze(0), None
 

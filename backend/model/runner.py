@@ -1,4 +1,5 @@
 """Loads a Hugging Face causal LM, owns its paged KV cache, and runs one ragged forward pass per step."""
+
 from __future__ import annotations
 
 import logging
@@ -30,7 +31,7 @@ class ModelShape:
     max_model_len: int
 
     @classmethod
-    def of(cls, config) -> "ModelShape":
+    def of(cls, config) -> ModelShape:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return cls(
@@ -60,14 +61,25 @@ class ModelRunner:
     """`model_impl`: "fused" runs the Llama-family fast path (`fused_llama.py`), "hf" Hugging Face's own
     modules with our attention plugged in, "auto" the fused path where it supports the model."""
 
-    def __init__(self, model_path: str, dtype: str, block_size: int, num_blocks: int, device: str = "cpu",
-                 model_impl: str = "auto", quantization: str = "none", max_lowbit_rows: int = 0):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        block_size: int,
+        num_blocks: int,
+        device: str = "cpu",
+        model_impl: str = "auto",
+        quantization: str = "none",
+        max_lowbit_rows: int = 0,
+    ):
         self.dtype = DTYPES[dtype]
         self.device = torch.device(device)
         self.block_size = block_size
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME
-        ).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
+            .to(self.device)
+            .eval()
+        )
         self.shape = ModelShape.of(self.model.config)
         self.queries_per_kv = self.model.config.num_attention_heads // self.shape.num_kv_heads
         fused = model_impl == "fused" or (model_impl == "auto" and fused_llama.supports(self.model.config))
@@ -97,8 +109,11 @@ class ModelRunner:
             return {}, 0
         isa = kernels.best_isa()
         if not isa:
-            log.warning("quantization %s: no low-bit kernel on this CPU (%s); dense fp32 weights serve",
-                        quantization, kernels.load_error() or "neither AVX2+FMA nor AVX-512")
+            log.warning(
+                "quantization %s: no low-bit kernel on this CPU (%s); dense fp32 weights serve",
+                quantization,
+                kernels.load_error() or "neither AVX2+FMA nor AVX-512",
+            )
             return {}, 0
         if quantization == "gguf":
             blocks, why = verified_packed(model_path, self.model)
@@ -142,7 +157,10 @@ class ModelRunner:
         if self.fused is not None:
             return self.fused.forward(input_ids, position_ids, meta, keep).float().cpu()
         out = self.model(
-            input_ids=input_ids[None], position_ids=position_ids[None], use_cache=False, logits_to_keep=keep,
+            input_ids=input_ids[None],
+            position_ids=position_ids[None],
+            use_cache=False,
+            logits_to_keep=keep,
             paged_attention=meta,
         )
         return out.logits[0].float().cpu()

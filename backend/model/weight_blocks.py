@@ -5,6 +5,7 @@ A weight [N, K] is held as blocks of 32 inputs per output row: Q4_1 (`w = d * q 
 computes (d * q is exact in fp32, so one rounding, in `+ m`), which is how a converted fp32 folder is checked
 to hold these very blocks. `pack` lays blocks out for the C++ kernel (see `kernels/lowbit.cpp`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class Packed:
     data: torch.Tensor  # uint8
 
     @staticmethod
-    def cat(parts: list["Packed"]) -> "Packed | None":
+    def cat(parts: list[Packed]) -> Packed | None:
         """Several weights' output rows one after another (fused projections): their records concatenated,
         which is the packing of the concatenation when every part but the last fills whole tiles. None where
         that does not hold or the formats differ (the layer then stays dense)."""
@@ -55,12 +56,12 @@ class Blocks:
             w = w + self.m.float()[..., None]
         return w.reshape(self.shape)
 
-    def rows(self, index: torch.Tensor) -> "Blocks":
+    def rows(self, index: torch.Tensor) -> Blocks:
         """The same blocks with output rows reordered (`index[i]` is the source row of row i)."""
         return Blocks(self.format, self.d[index], None if self.m is None else self.m[index], self.q[index])
 
     @staticmethod
-    def cat(parts: list["Blocks"]) -> "Blocks":
+    def cat(parts: list[Blocks]) -> Blocks:
         """Output rows of several weights with the same inputs, one after another (fused projections)."""
         formats = {p.format for p in parts}
         if len(formats) != 1:

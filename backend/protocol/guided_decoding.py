@@ -2,6 +2,7 @@
 for shape here, in pure Python; backend/sampling/structured_output.py turns them into llguidance grammars and
 compiles them on the engine's side, where a grammar that does not compile fails its request with the
 compiler's message."""
+
 from __future__ import annotations
 
 import json
@@ -56,13 +57,16 @@ def pop_guided_decoding(values: dict[str, Any]) -> GuidedDecoding | None:
             )
         found += [(f"structured_outputs.{kind}", kind, value) for kind, value in nested.items()]
     # json_object is a flag: false (or null, for any key) asks for nothing
-    found = [(key, kind, value) for key, kind, value in found
-             if value is not None and (kind != "json_object" or as_bool(key, value))]
+    found = [
+        (key, kind, value)
+        for key, kind, value in found
+        if value is not None and (kind != "json_object" or as_bool(key, value))
+    ]
     if not found:
         return None
     if len(found) > 1:
         raise InvalidRequest(f"give at most one output constraint, got {[key for key, _, _ in found]}")
-    (key, kind, value), = found
+    ((key, kind, value),) = found
     return GuidedDecoding(kind, key, _spec(key, kind, value))
 
 

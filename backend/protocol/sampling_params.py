@@ -5,6 +5,7 @@ request parameters; values may arrive as strings (GenAI-Perf sends them so). Eve
 InvalidRequest with a message that says what was wrong and what is allowed. Pure Python: the front door
 validates with this module before a request reaches Triton.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], max_n: int = 8, max_tokens_limit: int = 1 << 20) -> "SamplingParams":
+    def from_dict(cls, values: dict[str, Any], max_n: int = 8, max_tokens_limit: int = 1 << 20) -> SamplingParams:
         values = dict(resolve_aliases(values))
         guided_decoding = pop_guided_decoding(values)
         unknown = sorted(set(values) - set(_PARSERS))
@@ -79,8 +80,10 @@ class SamplingParams:
         in_range("n", self.n, 1, max_n)
         scoring_only = self.max_tokens == 0 and self.prompt_logprobs is not None
         if not scoring_only and not 1 <= self.max_tokens <= max_tokens_limit:
-            raise InvalidRequest(f"max_tokens must be between 1 and {max_tokens_limit}, got {self.max_tokens} "
-                                 "(0 only with prompt_logprobs: the prompt scored, nothing generated)")
+            raise InvalidRequest(
+                f"max_tokens must be between 1 and {max_tokens_limit}, got {self.max_tokens} "
+                "(0 only with prompt_logprobs: the prompt scored, nothing generated)"
+            )
         in_range("min_tokens", self.min_tokens, 0, self.max_tokens, hint=" (at most max_tokens)")
         in_range("temperature", self.temperature, 0.0, 100.0)
         if not 0.0 < self.top_p <= 1.0:

@@ -1,5 +1,6 @@
 """Client values as they arrive (JSON or tensors, maybe as strings: GenAI-Perf sends them so) turned into typed
 values, and the error that says what was wrong: `InvalidRequest`, whose message is meant for the client."""
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ Errors: Triton carries a decoupled model's error as a message only, so the messa
 brackets, `[server_busy] server busy: 4 requests are already waiting ...`. `ErrorText` is the engine's error
 string with its kind attached; `error_text` writes the wire form and `parse_error` reads it back.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,19 +22,37 @@ PROMPT_INPUTS = {"text_input": (BYTES, SCALAR), "input_ids": (INT32, VECTOR)}
 SAMPLING_JSON = "sampling_parameters"  # vLLM-style JSON of every sampling parameter
 # TensorRT-LLM-style flat tensors, one per sampling parameter
 SAMPLING_INPUTS = {
-    "max_tokens": (INT32, SCALAR), "min_tokens": (INT32, SCALAR), "temperature": (FP32, SCALAR),
-    "top_p": (FP32, SCALAR), "top_k": (INT32, SCALAR), "min_p": (FP32, SCALAR),
-    "repetition_penalty": (FP32, SCALAR), "presence_penalty": (FP32, SCALAR), "frequency_penalty": (FP32, SCALAR),
-    "seed": (UINT64, SCALAR), "n": (INT32, SCALAR), "num_speculative_tokens": (INT32, SCALAR),
-    "stop": (BYTES, VECTOR), "stop_words": (BYTES, VECTOR), "stop_token_ids": (INT32, VECTOR),
+    "max_tokens": (INT32, SCALAR),
+    "min_tokens": (INT32, SCALAR),
+    "temperature": (FP32, SCALAR),
+    "top_p": (FP32, SCALAR),
+    "top_k": (INT32, SCALAR),
+    "min_p": (FP32, SCALAR),
+    "repetition_penalty": (FP32, SCALAR),
+    "presence_penalty": (FP32, SCALAR),
+    "frequency_penalty": (FP32, SCALAR),
+    "seed": (UINT64, SCALAR),
+    "n": (INT32, SCALAR),
+    "num_speculative_tokens": (INT32, SCALAR),
+    "stop": (BYTES, VECTOR),
+    "stop_words": (BYTES, VECTOR),
+    "stop_token_ids": (INT32, VECTOR),
     "ignore_eos": (BOOL, SCALAR),
 }
 # Additional outputs, each sent only when its return_* flag is true (as Triton's vLLM backend does).
-OPTIONAL_OUTPUTS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens",
-                    "prompt_logprobs")
+OPTIONAL_OUTPUTS = (
+    "finish_reason",
+    "cumulative_logprob",
+    "logprobs",
+    "num_input_tokens",
+    "num_output_tokens",
+    "prompt_logprobs",
+)
 FLAG_NAMES = ("stream", "exclude_input_in_output") + tuple(f"return_{name}" for name in OPTIONAL_OUTPUTS)
 INPUTS = {
-    **PROMPT_INPUTS, SAMPLING_JSON: (BYTES, SCALAR), **SAMPLING_INPUTS,
+    **PROMPT_INPUTS,
+    SAMPLING_JSON: (BYTES, SCALAR),
+    **SAMPLING_INPUTS,
     **{flag: (BOOL, SCALAR) for flag in FLAG_NAMES},
 }
 INPUT_NAMES = tuple(INPUTS)
@@ -41,9 +60,15 @@ LIST_INPUTS = tuple(name for name, (_, shape) in INPUTS.items() if shape == VECT
 
 # --------------------------------------------------------------------------------------------------- outputs
 OUTPUTS = {
-    "text_output": (BYTES, VECTOR), "output_ids": (INT32, VECTOR), "finish_reason": (BYTES, VECTOR),
-    "num_input_tokens": (UINT32, SCALAR), "num_output_tokens": (UINT32, VECTOR), "sample_index": (INT32, VECTOR),
-    "cumulative_logprob": (FP32, VECTOR), "logprobs": (BYTES, VECTOR), "prompt_logprobs": (BYTES, SCALAR),
+    "text_output": (BYTES, VECTOR),
+    "output_ids": (INT32, VECTOR),
+    "finish_reason": (BYTES, VECTOR),
+    "num_input_tokens": (UINT32, SCALAR),
+    "num_output_tokens": (UINT32, VECTOR),
+    "sample_index": (INT32, VECTOR),
+    "cumulative_logprob": (FP32, VECTOR),
+    "logprobs": (BYTES, VECTOR),
+    "prompt_logprobs": (BYTES, SCALAR),
 }
 NO_FINISH_REASON = "None"  # finish_reason of a sample's responses before its last (vLLM's backend's spelling)
 # A request parameter that makes a request a batch-view watch: the step records stream back in text_output.
@@ -55,7 +80,7 @@ SERVER_BUSY = "server_busy"  # the queue is full (max_queue_size): retry later
 UNAVAILABLE = "unavailable"  # the model is shutting down, or its engine stopped: another replica may serve
 INTERNAL = "internal"  # the engine failed this request
 ERROR_KINDS = (INVALID_REQUEST, SERVER_BUSY, UNAVAILABLE, INTERNAL)
-_TAGGED = re.compile(r"\[(%s)\] (.*)" % "|".join(ERROR_KINDS), re.DOTALL)
+_TAGGED = re.compile(rf"\[({'|'.join(ERROR_KINDS)})\] (.*)", re.DOTALL)
 
 
 class ErrorText(str):
@@ -63,7 +88,7 @@ class ErrorText(str):
 
     kind: str
 
-    def __new__(cls, message: str, kind: str) -> "ErrorText":
+    def __new__(cls, message: str, kind: str) -> ErrorText:
         if kind not in ERROR_KINDS:
             raise ValueError(f"unknown error kind {kind!r}; kinds: {ERROR_KINDS}")
         text = super().__new__(cls, message)

@@ -7,10 +7,11 @@ Sampling uses the exponential race (argmax of p / E with E ~ Exp(1) drawn from t
 draws exactly from p and consumes a fixed amount of randomness per token, so a seeded sequence reproduces
 whatever else shares its batch. Greedy rows take the argmax of their processed logits and draw nothing.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence as Rows
 from dataclasses import dataclass
-from typing import Sequence as Rows
 
 import torch
 
@@ -38,8 +39,11 @@ class Sampler:
         repetition = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
         additive = [i for i, r in enumerate(rows) if r.params.presence_penalty or r.params.frequency_penalty]
         biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
-        banned = [(i, self._banned(r)) for i, r in enumerate(rows) if len(r.context) - r.num_prompt_tokens
-                  < r.params.min_tokens]
+        banned = [
+            (i, self._banned(r))
+            for i, r in enumerate(rows)
+            if len(r.context) - r.num_prompt_tokens < r.params.min_tokens
+        ]
         banned = [(i, ids) for i, ids in banned if ids]
         if not (repetition or additive or biased or banned):
             return logits
@@ -47,8 +51,9 @@ class Sampler:
         if repetition:
             seen = torch.zeros(logits.shape, dtype=torch.bool)
             seen[_index(repetition, [set(rows[i].context) for i in repetition])] = True
-            penalty = _column([rows[i].params.repetition_penalty if i in repetition else 1.0
-                               for i in range(len(rows))], logits.dtype)
+            penalty = _column(
+                [rows[i].params.repetition_penalty if i in repetition else 1.0 for i in range(len(rows))], logits.dtype
+            )
             logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
         if additive:
             outputs = [rows[i].context[rows[i].num_prompt_tokens :] for i in additive]
@@ -89,8 +94,7 @@ class Sampler:
             ordered, order = torch.sort(probs, dim=-1, descending=True)
             cumulative = torch.cumsum(ordered, dim=-1)
             # keep the smallest set reaching top_p; rows at 1.0 keep everything
-            drop = (cumulative - ordered >= _column(top_p, probs.dtype)) & _column([p < 1.0 for p in top_p],
-                                                                                    torch.bool)
+            drop = (cumulative - ordered >= _column(top_p, probs.dtype)) & _column([p < 1.0 for p in top_p], torch.bool)
             probs = probs.scatter(-1, order, torch.where(drop, 0.0, ordered))
         min_p = [p.min_p for p in params]
         if any(m > 0.0 for m in min_p):
@@ -137,8 +141,9 @@ class Sampler:
         logp = torch.log_softmax(logits, dim=-1)
         chosen = logp.gather(-1, torch.tensor(token_ids, dtype=torch.long)[:, None])
         ranks = (logp > chosen).sum(-1) + 1  # 1: the most likely token (as vLLM)
-        entries = [{"token_id": t, "logprob": float(c), "rank": int(r)}
-                   for t, c, r in zip(token_ids, chosen[:, 0], ranks)]
+        entries = [
+            {"token_id": t, "logprob": float(c), "rank": int(r)} for t, c, r in zip(token_ids, chosen[:, 0], ranks)
+        ]
         if top:
             values, ids = torch.topk(logp, top, dim=-1)
             for entry, row_ids, row_values in zip(entries, ids.tolist(), values.tolist()):

@@ -21,13 +21,14 @@ keys into one constraint (backend/protocol/guided_decoding.py, pure). The engine
 
 When the grammar is complete (nothing but end-of-sequence may follow) the sequence finishes with `stop`.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import json
 import threading
 from collections import OrderedDict
-from typing import Iterable
+from collections.abc import Iterable
 
 import llguidance
 import numpy as np
@@ -112,8 +113,11 @@ class GrammarCompiler:
 
 
 _WHAT = {
-    "json": "JSON schema", "json_object": "JSON object grammar", "regex": "regular expression",
-    "choice": "choice list", "grammar": "grammar",
+    "json": "JSON schema",
+    "json_object": "JSON object grammar",
+    "regex": "regular expression",
+    "choice": "choice list",
+    "grammar": "grammar",
 }
 
 

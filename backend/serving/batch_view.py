@@ -2,13 +2,15 @@
 (backend/engine/step_records.py) back as JSON in `text_output` until the client cancels. `WatchStream` pumps one
 watcher's records to the client from a thread of its own.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from backend.engine.step_records import StepWatchers
 from backend.protocol.wire import WATCH_PARAMETER
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-def engine_summary(engine: "LLMEngine") -> dict:
+
+def engine_summary(engine: LLMEngine) -> dict:
     """The first record a watcher gets: the limits every step record is drawn against."""
     config = engine.config
     return {
@@ -47,9 +50,16 @@ class WatchStream:
     watcher closes: first the engine summary, then batches of step records, each batch one JSON text
     `{"records": [...], "dropped": n}` (n: records this watcher has lost so far)."""
 
-    def __init__(self, watchers: StepWatchers, summary: dict, send: Callable[[str], None],
-                 is_cancelled: Callable[[], bool], finish: Callable[[], None], poll_s: float = 0.1,
-                 capacity: int = 512):
+    def __init__(
+        self,
+        watchers: StepWatchers,
+        summary: dict,
+        send: Callable[[str], None],
+        is_cancelled: Callable[[], bool],
+        finish: Callable[[], None],
+        poll_s: float = 0.1,
+        capacity: int = 512,
+    ):
         self.watchers = watchers
         self.watcher = watchers.add(capacity)
         self.summary = summary
@@ -59,7 +69,7 @@ class WatchStream:
         self.poll_s = poll_s
         self.thread = threading.Thread(target=self._run, name="llm-batch-view", daemon=True)
 
-    def start(self) -> "WatchStream":
+    def start(self) -> WatchStream:
         self.thread.start()
         return self
 

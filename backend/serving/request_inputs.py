@@ -5,6 +5,7 @@ tensors, and request parameters (the `generate` endpoint puts JSON keys that nam
 given more than once takes the tensor's value. This module sees plain numpy arrays and dicts, so it is
 tested without Triton.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,8 +82,7 @@ def _prompt(merged: dict[str, Any]) -> str | list[int]:
         raise InvalidRequest("give the prompt as text_input or as input_ids, not both")
     if "input_ids" in merged:
         ids = merged.pop("input_ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                           for t in ids):
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InvalidRequest(f"input_ids must be a non-empty list of token ids, got {str(ids)[:80]}")
         return ids
     prompt = _text("text_input", merged.pop("text_input"))

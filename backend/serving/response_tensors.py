@@ -4,10 +4,11 @@
 additional outputs only when asked for, `num_output_tokens` and `logprobs` counting this response's tokens,
 `prompt_logprobs` JSON null except in the one response that carries them.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -59,8 +60,9 @@ def prompt_logprobs(entries: list[dict | None] | None, token_text: TokenTexts) -
     return [None] + vllm_logprobs(entries[1:], lambda t: token_text(t, False))
 
 
-def response_arrays(output: RequestOutput, samples: list[SampleOutput], wanted: frozenset[str],
-                    token_text: TokenTexts, prefix: str = "") -> dict[str, np.ndarray]:
+def response_arrays(
+    output: RequestOutput, samples: list[SampleOutput], wanted: frozenset[str], token_text: TokenTexts, prefix: str = ""
+) -> dict[str, np.ndarray]:
     """The output tensors of one response for `samples` (one per stream response, all `n` otherwise):
     text_output, output_ids and sample_index always, each name in `wanted` (wire.OPTIONAL_OUTPUTS)
     besides. `samples` carry this response's tokens, so their count is the response's num_output_tokens."""

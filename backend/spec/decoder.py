@@ -6,6 +6,7 @@ else's prefill chunks and decodes; the rejection sampler (`rejection_sampler.py`
 distributed exactly as the target's, and the KV of rejected positions is rolled back. With `spec_adaptive`,
 each sequence's draft length follows its own recent acceptance (`spec_policy.py`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,16 @@ from backend.spec.rejection_sampler import verify_greedy, verify_sampled
 
 
 class SpeculativeDecoder:
-    def __init__(self, config: EngineConfig, proposer: Proposer, sampler: Sampler, block_manager: BlockManager,
-                 outputs: OutputProcessor, metrics: EngineMetrics, max_model_len: int):
+    def __init__(
+        self,
+        config: EngineConfig,
+        proposer: Proposer,
+        sampler: Sampler,
+        block_manager: BlockManager,
+        outputs: OutputProcessor,
+        metrics: EngineMetrics,
+        max_model_len: int,
+    ):
         self.config = config
         self.proposer = proposer
         self.sampler = sampler
@@ -34,8 +43,9 @@ class SpeculativeDecoder:
         self.max_model_len = max_model_len
         self.policy = None
         if config.spec_adaptive:
-            self.policy = AdaptivePolicy(config.num_speculative_tokens, config.spec_min_acceptance,
-                                         config.spec_probe_interval)
+            self.policy = AdaptivePolicy(
+                config.num_speculative_tokens, config.spec_min_acceptance, config.spec_probe_interval
+            )
 
     def active(self, num_running: int) -> bool:
         """Speculation is off for a busy batch: there the verification compute costs more than it saves."""
@@ -67,8 +77,11 @@ class SpeculativeDecoder:
     def verify(self, verifying: list[tuple[ScheduledSeq, torch.Tensor]]) -> None:
         """For each (speculating sequence, its logits [k + 1, V]): accept a prefix of the draft, roll the KV back
         past it, and append the emitted tokens. The k + 1 rows of every sequence are processed as one batch."""
-        rows = [s.seq.sampling_row(s.seq.spec_token_ids[:i]) for s, _ in verifying
-                for i in range(len(s.seq.spec_token_ids) + 1)]
+        rows = [
+            s.seq.sampling_row(s.seq.spec_token_ids[:i])
+            for s, _ in verifying
+            for i in range(len(s.seq.spec_token_ids) + 1)
+        ]
         processed = self.sampler.process_logits(torch.cat([logits for _, logits in verifying]), rows)
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
         probs = self.sampler.probs(processed[sampled], [rows[i] for i in sampled]) if sampled else None

@@ -17,6 +17,7 @@ Each sequence therefore keeps three numbers:
 The cap is the configured k, the request's own `num_speculative_tokens` and its remaining output; the batch
 rule (`spec_max_batch_size`) is applied by the caller for the whole step.
 """
+
 from __future__ import annotations
 
 import weakref

@@ -3,6 +3,7 @@
 A proposer fills `seq.spec_token_ids` (at most the k asked for) and, when its drafts are sampled from a
 distribution, `seq.spec_draft_probs` ([k, V]; None means a deterministic draft, one-hot q).
 """
+
 from __future__ import annotations
 
 import torch

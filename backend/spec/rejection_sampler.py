@@ -7,6 +7,7 @@ one bonus token is drawn from p_k. The emitted tokens are then distributed exact
 sampled them one by one. Greedy requests accept exactly when the draft token is the target's argmax.
 A deterministic draft (n-gram lookup) has a one-hot q.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -29,6 +29,7 @@ lm-eval runs from its own virtual environment (.venv-lmeval, `make lm-eval-venv`
 beside this file), offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1): the task's data is the JSONL here.
 This script needs only the standard library.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--served-model", default="llm", help="the `model` field sent to the front door")
     p.add_argument("--lm-eval", default=str(DEFAULT_LM_EVAL), help="lm-eval executable (of .venv-lmeval)")
     p.add_argument("--atol", type=float, default=2e-3, help="largest allowed |Δ loglikelihood| per request")
-    p.add_argument("--threads", type=int, default=1,
-                   help="OMP/torch threads of the in-process run (default 1: the machine is shared); 0: torch's")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP/torch threads of the in-process run (default 1: the machine is shared); 0: torch's",
+    )
     p.add_argument("--max-retries", type=int, default=2, help="lm-eval's retries per request to the server")
     p.add_argument("--timeout", type=int, default=120, help="seconds per request to the server")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions (a quick try)")
@@ -78,14 +83,21 @@ def parse_args() -> argparse.Namespace:
 
 # --- running lm-eval ----------------------------------------------------------------------------------------
 
+
 def api_key() -> str:
     """The front door's key (make serve API_KEY=... / LLM_API_KEY); lm-eval sends OPENAI_API_KEY as a bearer."""
     return os.environ.get("OPENAI_API_KEY") or os.environ.get("LLM_API_KEY", "")
 
 
 def lm_eval_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
     if api_key():
         env["OPENAI_API_KEY"] = api_key()
     if threads > 0:
@@ -99,9 +111,23 @@ def run_lm_eval(args: argparse.Namespace, side: str, model: str, model_args: str
     out = RUNS_DIR / side
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cmd = [args.lm_eval, "run", "--model", model, "--model_args", model_args, "--tasks", TASK,
-           "--include_path", str(HERE / "tasks"), "--batch_size", "1", "--log_samples",
-           "--output_path", str(out)]
+    cmd = [
+        args.lm_eval,
+        "run",
+        "--model",
+        model,
+        "--model_args",
+        model_args,
+        "--tasks",
+        TASK,
+        "--include_path",
+        str(HERE / "tasks"),
+        "--batch_size",
+        "1",
+        "--log_samples",
+        "--output_path",
+        str(out),
+    ]
     if model == "hf":
         cmd += ["--device", "cpu"]
     if args.limit:
@@ -111,12 +137,24 @@ def run_lm_eval(args: argparse.Namespace, side: str, model: str, model_args: str
     start = time.monotonic()
     with open(log_path, "w") as log:
         # cwd = the repository root: the task's data_files and the model path are relative to it.
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=lm_eval_env(args.threads if model == "hf" else 1),
-                              stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO_ROOT,
+            env=lm_eval_env(args.threads if model == "hf" else 1),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     seconds = time.monotonic() - start
     text = log_path.read_text(errors="replace")
-    run = {"side": side, "model": model, "model_args": model_args, "command": cmd, "rc": proc.returncode,
-           "seconds": round(seconds, 1), "log": str(log_path.relative_to(REPO_ROOT))}
+    run = {
+        "side": side,
+        "model": model,
+        "model_args": model_args,
+        "command": cmd,
+        "rc": proc.returncode,
+        "seconds": round(seconds, 1),
+        "log": str(log_path.relative_to(REPO_ROOT)),
+    }
     if proc.returncode != 0:
         run["error"] = failure_summary(text)
         print(f"[{side}] lm-eval failed (rc {proc.returncode}, log {log_path}):\n  {run['error']}", flush=True)
@@ -131,7 +169,7 @@ def failure_summary(log_text: str) -> str:
     for marker in ("API request failed with error message:", "API request failed!"):
         hits = [line for line in lines if marker in line]
         if hits:
-            return hits[-1][hits[-1].index(marker):][:2000]
+            return hits[-1][hits[-1].index(marker) :][:2000]
     return lines[-1][:2000] if lines else "(empty log)"
 
 
@@ -147,23 +185,32 @@ def load_run(side: str) -> dict:
     with open(samples_files[-1]) as f:
         for line in f:
             sample = json.loads(line)
-            requests = [(a["arg_0"], a["arg_1"]) for _, a in sorted(sample["arguments"].items(),
-                                                                     key=lambda kv: int(kv[0].rsplit("_", 1)[1]))]
+            requests = [
+                (a["arg_0"], a["arg_1"])
+                for _, a in sorted(sample["arguments"].items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))
+            ]
             # resps: one [[loglikelihood, is_greedy]] per request (lm-eval writes them as strings)
             resps = [r[0] for r in sample["resps"]]
             docs[sample["doc_id"]] = {
-                "doc": sample["doc"], "target": int(sample["target"]), "requests": requests,
+                "doc": sample["doc"],
+                "target": int(sample["target"]),
+                "requests": requests,
                 "loglikelihoods": [float(r[0]) for r in resps],
                 "is_greedy": [str(r[1]) == "True" for r in resps],
                 "acc": float(sample["acc"]),
             }
-    return {"acc": results["results"][TASK]["acc,none"], "n_docs": len(docs), "docs": docs,
-            "results_file": str(Path(results_files[-1]).relative_to(REPO_ROOT)),
-            "samples_file": str(Path(samples_files[-1]).relative_to(REPO_ROOT)),
-            "config": results.get("config", {})}
+    return {
+        "acc": results["results"][TASK]["acc,none"],
+        "n_docs": len(docs),
+        "docs": docs,
+        "results_file": str(Path(results_files[-1]).relative_to(REPO_ROOT)),
+        "samples_file": str(Path(samples_files[-1]).relative_to(REPO_ROOT)),
+        "config": results.get("config", {}),
+    }
 
 
 # --- comparing -----------------------------------------------------------------------------------------------
+
 
 def compare(hf: dict, served: dict, atol: float) -> dict:
     problems, items = [], []
@@ -179,8 +226,9 @@ def compare(hf: dict, served: dict, atol: float) -> dict:
         pred_b = max(range(len(b["loglikelihoods"])), key=b["loglikelihoods"].__getitem__)
         if pred_a != pred_b:
             problems.append(f"doc {doc_id}: predicted choice {pred_a} in process, {pred_b} served")
-        for i, ((context, continuation), la, lb) in enumerate(zip(a["requests"], a["loglikelihoods"],
-                                                                  b["loglikelihoods"])):
+        for i, ((_context, continuation), la, lb) in enumerate(
+            zip(a["requests"], a["loglikelihoods"], b["loglikelihoods"])
+        ):
             delta = lb - la
             ok = math.isfinite(delta) and abs(delta) <= atol
             n += 1
@@ -189,29 +237,54 @@ def compare(hf: dict, served: dict, atol: float) -> dict:
             max_rel = max(max_rel, abs(delta) / max(abs(la), 1e-12)) if math.isfinite(delta) else math.inf
             if not ok:
                 problems.append(f"doc {doc_id} choice {i}: |Δ| = {abs(delta):.3g} > {atol:g}")
-            items.append({"doc_id": doc_id, "item": a["doc"].get("id", doc_id), "question": a["doc"]["question"],
-                          "choice": i,
-                          "continuation": continuation, "gold": i == a["target"],
-                          "hf_loglikelihood": la, "served_loglikelihood": lb, "delta": delta,
-                          "hf_is_greedy": a["is_greedy"][i], "served_is_greedy": b["is_greedy"][i],
-                          "hf_pred": i == pred_a, "served_pred": i == pred_b, "within": ok})
+            items.append(
+                {
+                    "doc_id": doc_id,
+                    "item": a["doc"].get("id", doc_id),
+                    "question": a["doc"]["question"],
+                    "choice": i,
+                    "continuation": continuation,
+                    "gold": i == a["target"],
+                    "hf_loglikelihood": la,
+                    "served_loglikelihood": lb,
+                    "delta": delta,
+                    "hf_is_greedy": a["is_greedy"][i],
+                    "served_is_greedy": b["is_greedy"][i],
+                    "hf_pred": i == pred_a,
+                    "served_pred": i == pred_b,
+                    "within": ok,
+                }
+            )
     if hf["acc"] != served["acc"]:
         problems.append(f"accuracy differs: {hf['acc']} in process, {served['acc']} served")
-    return {"n_requests": n, "max_abs_delta": max_abs, "max_rel_delta": max_rel, "atol": atol,
-            "within_tight": tight, "tight": TIGHT, "acc_equal": hf["acc"] == served["acc"],
-            "passed": not problems, "problems": problems, "items": items}
+    return {
+        "n_requests": n,
+        "max_abs_delta": max_abs,
+        "max_rel_delta": max_rel,
+        "atol": atol,
+        "within_tight": tight,
+        "tight": TIGHT,
+        "acc_equal": hf["acc"] == served["acc"],
+        "passed": not problems,
+        "problems": problems,
+        "items": items,
+    }
 
 
 # --- the record ----------------------------------------------------------------------------------------------
 
+
 def venv_versions(lm_eval: str) -> dict:
     python = Path(lm_eval).parent / "python"
-    code = ("import importlib.metadata as m, json, platform, sys\n"
-            f"v = {{p: m.version(p) for p in {VERSION_PACKAGES!r}}}\n"
-            "v['python'] = platform.python_version()\nprint(json.dumps(v))")
+    code = (
+        "import importlib.metadata as m, json, platform, sys\n"
+        f"v = {{p: m.version(p) for p in {VERSION_PACKAGES!r}}}\n"
+        "v['python'] = platform.python_version()\nprint(json.dumps(v))"
+    )
     try:
-        return json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                                         check=True, timeout=60).stdout)
+        return json.loads(
+            subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+        )
     except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
         return {"error": str(e)}
 
@@ -233,10 +306,16 @@ def machine() -> dict:
 
 def git_revision() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=30).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
         return rev + ("+uncommitted changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -299,22 +378,51 @@ def fmt(x: float) -> str:
 
 def write_record(args, versions, hf, served, served_run, hf_run, comparison, models) -> None:
     mach = machine()
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     record = {
-        "date": now, "git": git_revision(), "task": TASK, "versions": versions, "machine": mach,
-        "settings": {"model": args.model, "base_url": args.base_url, "served_model": args.served_model,
-                     "atol": args.atol, "threads_in_process": args.threads, "limit": args.limit},
-        "hf": {"acc": hf and hf["acc"], "n_docs": hf and hf["n_docs"], "run": hf_run,
-               "samples_file": hf and hf["samples_file"]},
-        "served": {"acc": served and served["acc"], "n_docs": served and served["n_docs"], "run": served_run,
-                   "samples_file": served and served["samples_file"], "v1_models": models},
+        "date": now,
+        "git": git_revision(),
+        "task": TASK,
+        "versions": versions,
+        "machine": mach,
+        "settings": {
+            "model": args.model,
+            "base_url": args.base_url,
+            "served_model": args.served_model,
+            "atol": args.atol,
+            "threads_in_process": args.threads,
+            "limit": args.limit,
+        },
+        "hf": {
+            "acc": hf and hf["acc"],
+            "n_docs": hf and hf["n_docs"],
+            "run": hf_run,
+            "samples_file": hf and hf["samples_file"],
+        },
+        "served": {
+            "acc": served and served["acc"],
+            "n_docs": served and served["n_docs"],
+            "run": served_run,
+            "samples_file": served and served["samples_file"],
+            "v1_models": models,
+        },
         "comparison": comparison and {k: v for k, v in comparison.items() if k != "items"},
-        "items": comparison["items"] if comparison else [
-            {"doc_id": d, "item": doc["doc"].get("id", d), "question": doc["doc"]["question"], "choice": i,
-             "continuation": req[1], "gold": i == doc["target"], "hf_loglikelihood": ll,
-             "hf_pred": ll == max(doc["loglikelihoods"])}
+        "items": comparison["items"]
+        if comparison
+        else [
+            {
+                "doc_id": d,
+                "item": doc["doc"].get("id", d),
+                "question": doc["doc"]["question"],
+                "choice": i,
+                "continuation": req[1],
+                "gold": i == doc["target"],
+                "hf_loglikelihood": ll,
+                "hf_pred": ll == max(doc["loglikelihoods"]),
+            }
             for d, doc in sorted((hf or {"docs": {}})["docs"].items())
-            for i, (req, ll) in enumerate(zip(doc["requests"], doc["loglikelihoods"]))],
+            for i, (req, ll) in enumerate(zip(doc["requests"], doc["loglikelihoods"]))
+        ],
     }
     record["passed"] = bool(comparison and comparison["passed"])
     (HERE / "results.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -352,20 +460,26 @@ def write_record(args, versions, hf, served, served_run, hf_run, comparison, mod
             "",
         ]
         lines += [f"- {p}" for p in comparison["problems"][:20]] + ([""] if comparison["problems"] else [])
-        lines += ["| item | question | choice | gold | in process | served | Δ |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| item | question | choice | gold | in process | served | Δ |", "|---|---|---|---|---|---|---|"]
         for it in comparison["items"]:
-            lines.append(f"| {it['item']} | {question(it)} | {it['continuation'].strip()} | "
-                         f"{'✓' if it['gold'] else ''} | {fmt(it['hf_loglikelihood'])}{mark(it['hf_pred'])} | "
-                         f"{fmt(it['served_loglikelihood'])}{mark(it['served_pred'])} | {it['delta']:+.2e} |")
+            lines.append(
+                f"| {it['item']} | {question(it)} | {it['continuation'].strip()} | "
+                f"{'✓' if it['gold'] else ''} | {fmt(it['hf_loglikelihood'])}{mark(it['hf_pred'])} | "
+                f"{fmt(it['served_loglikelihood'])}{mark(it['served_pred'])} | {it['delta']:+.2e} |"
+            )
     elif hf:
         lines += ["| item | question | choice | gold | in process |", "|---|---|---|---|---|"]
         for it in record["items"]:
-            lines.append(f"| {it['item']} | {question(it)} | {it['continuation'].strip()} | "
-                         f"{'✓' if it['gold'] else ''} | {fmt(it['hf_loglikelihood'])}{mark(it['hf_pred'])} |")
+            lines.append(
+                f"| {it['item']} | {question(it)} | {it['continuation'].strip()} | "
+                f"{'✓' if it['gold'] else ''} | {fmt(it['hf_loglikelihood'])}{mark(it['hf_pred'])} |"
+            )
     if hf:
-        lines += ["", 'Each row: the loglikelihood of " <choice>" after "Question: <question>\\nAnswer:". '
-                  "◀: the item's highest (the model's answer); acc counts the items whose ◀ is on ✓."]
+        lines += [
+            "",
+            'Each row: the loglikelihood of " <choice>" after "Question: <question>\\nAnswer:". '
+            "◀: the item's highest (the model's answer); acc counts the items whose ◀ is on ✓.",
+        ]
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {HERE / 'results.md'} and results.json", flush=True)
 
@@ -380,9 +494,11 @@ def main() -> int:
         return 2
     versions = venv_versions(args.lm_eval)
     hf_model_args = f"pretrained={args.model},dtype=float32"
-    served_model_args = (f"model={args.served_model},base_url={args.base_url},tokenizer_backend=huggingface,"
-                         f"tokenizer={args.model},tokenized_requests=True,num_concurrent=1,"
-                         f"max_retries={args.max_retries},timeout={args.timeout}")
+    served_model_args = (
+        f"model={args.served_model},base_url={args.base_url},tokenizer_backend=huggingface,"
+        f"tokenizer={args.model},tokenized_requests=True,num_concurrent=1,"
+        f"max_retries={args.max_retries},timeout={args.timeout}"
+    )
     hf_run = served_run = None
     failed = False
     models = None
@@ -415,8 +531,10 @@ def main() -> int:
     if hf:
         print(f"in process: acc {hf['acc']}")
     if comparison:
-        print(f"served: acc {served['acc']}; max |Δ loglikelihood| {comparison['max_abs_delta']:.3g} "
-              f"(tolerance {args.atol:g}): {'PASSED' if comparison['passed'] else 'FAILED'}")
+        print(
+            f"served: acc {served['acc']}; max |Δ loglikelihood| {comparison['max_abs_delta']:.3g} "
+            f"(tolerance {args.atol:g}): {'PASSED' if comparison['passed'] else 'FAILED'}"
+        )
         for problem in comparison["problems"][:20]:
             print(f"  {problem}")
     if failed:

@@ -16,6 +16,7 @@ Environment:
     LLM_REFERENCE_CACHE  optional JSON file that keeps reference outputs across sessions (default: tmp dir)
     LLM_READY_TIMEOUT_S  seconds to wait for the server to become ready (default 600)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import pytest
 
@@ -64,27 +65,49 @@ VARIANTS: dict[str, dict[str, str]] = {
     "llm_no_prefix_cache": {**_FP32, "max_num_batched_tokens": "64", "enable_prefix_caching": "false"},
     # Speculative decoding: the target's weights in bf16 as the draft, n-gram drafts, and a draft identical
     # to the target. A large spec_max_batch_size keeps speculation on under load.
-    "llm_spec_draft": {**_FP32, **_FIXED_K, "max_num_batched_tokens": "64", "draft_model": "self",
-                       "draft_dtype": "bfloat16", "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
-    "llm_spec_ngram": {**_FP32, **_FIXED_K, "max_num_batched_tokens": "64", "draft_model": "ngram",
-                       "num_speculative_tokens": "3", "spec_max_batch_size": "32"},
-    "llm_spec_same": {**_FP32, **_FIXED_K, "draft_model": "self", "draft_dtype": "float32",
-                      "num_speculative_tokens": "4"},
+    "llm_spec_draft": {
+        **_FP32,
+        **_FIXED_K,
+        "max_num_batched_tokens": "64",
+        "draft_model": "self",
+        "draft_dtype": "bfloat16",
+        "num_speculative_tokens": "3",
+        "spec_max_batch_size": "32",
+    },
+    "llm_spec_ngram": {
+        **_FP32,
+        **_FIXED_K,
+        "max_num_batched_tokens": "64",
+        "draft_model": "ngram",
+        "num_speculative_tokens": "3",
+        "spec_max_batch_size": "32",
+    },
+    "llm_spec_same": {
+        **_FP32,
+        **_FIXED_K,
+        "draft_model": "self",
+        "draft_dtype": "float32",
+        "num_speculative_tokens": "4",
+    },
     # The default model repository as shipped (quantization auto: the GGUF blocks where our kernel runs;
     # adaptive n-gram speculation), with a small token budget (chunked prefill) and speculation kept on for
     # the whole concurrent set: held to the rule of what `auto` picks here (test_default_fidelity.py).
     "llm_default": {"max_num_batched_tokens": "64", "spec_max_batch_size": "32"},
     # Test-only faults (test_engine_faults.py): a step holding a request whose prompt carries the step marker
     # raises; one carrying the death marker kills the engine thread. One sequence per step: the others wait.
-    "llm_faults": {**_FP32, "max_num_seqs": "1", "kv_cache_blocks": "64",
-                   "fault_injection": "step_error:<<FAIL THIS STEP>>,engine_death:<<KILL THE ENGINE>>"},
+    "llm_faults": {
+        **_FP32,
+        "max_num_seqs": "1",
+        "kv_cache_blocks": "64",
+        "fault_injection": "step_error:<<FAIL THIS STEP>>,engine_death:<<KILL THE ENGINE>>",
+    },
 }
 
 # Triton models the session's front door serves (the first is the one its batch view shows).
 FRONTEND_MODELS = ("llm", "llm_small_queue", "llm_default")
 
 _PARAM_RE = re.compile(r'\{\s*key:\s*"([^"]+)"\s*,\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
-_LOG_PATH: Optional[Path] = None  # for the failure summary
+_LOG_PATH: Path | None = None  # for the failure summary
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,10 +123,10 @@ def pytest_collection_modifyitems(config, items):
 def base_parameters(config_text: str) -> dict[str, str]:
     """The `parameters [...]` key/values of a config.pbtxt."""
     block = _parameters_block(config_text)
-    return dict(_PARAM_RE.findall(config_text[block[0]:block[1]])) if block else {}
+    return dict(_PARAM_RE.findall(config_text[block[0] : block[1]])) if block else {}
 
 
-def _parameters_block(text: str) -> Optional[tuple[int, int]]:
+def _parameters_block(text: str) -> tuple[int, int] | None:
     """(start, end) of the top-level `parameters [ ... ]` section, brackets balanced."""
     match = re.search(r"^parameters\s*\[", text, re.MULTILINE)
     if not match:
@@ -125,16 +148,14 @@ def variant_config(config_text: str, name: str, overrides: dict[str, str]) -> st
     params = base_parameters(config_text)
     params["model"] = str(MODEL_DIR)
     params.update({k: str(v) for k, v in overrides.items()})
-    lines = ",\n".join(
-        f'  {{ key: "{k}", value: {{ string_value: "{v}" }} }}' for k, v in params.items()
-    )
+    lines = ",\n".join(f'  {{ key: "{k}", value: {{ string_value: "{v}" }} }}' for k, v in params.items())
     section = f"parameters [\n{lines}\n]"
     text, count = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', config_text, count=1, flags=re.MULTILINE)
     if count != 1:
         raise ValueError("no top-level name: in config.pbtxt")
     block = _parameters_block(text)
     if block:
-        text = text[:block[0]] + section + text[block[1]:]
+        text = text[: block[0]] + section + text[block[1] :]
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
     return text
@@ -152,6 +173,7 @@ def write_model_repository(root: Path, variants: dict[str, dict[str, str]]) -> P
 
 
 # --------------------------------------------------------------------------------------------------- metrics
+
 
 @dataclasses.dataclass
 class Metrics:
@@ -183,7 +205,7 @@ class LLMServer(launcher.RunningServer):
 
     repository: Path
     variants: dict[str, dict[str, str]]
-    frontend: Optional[object] = None  # the front door's process
+    frontend: object | None = None  # the front door's process
     openai_port: int = 0
 
     @property
@@ -199,8 +221,7 @@ class LLMServer(launcher.RunningServer):
         """Scrape the metrics port: a Metrics holding {(name, frozenset(labels)): value}."""
         return Metrics(parse_prometheus(self.metrics_text()))
 
-    def wait_for(self, predicate: Callable[[Metrics], bool], timeout_s: float = 30.0,
-                 poll_s: float = 0.2) -> Metrics:
+    def wait_for(self, predicate: Callable[[Metrics], bool], timeout_s: float = 30.0, poll_s: float = 0.2) -> Metrics:
         """Scrape until predicate(metrics) holds; returns the last scrape (check the predicate again)."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -219,16 +240,20 @@ class LLMServer(launcher.RunningServer):
             time.sleep(interval_s)
             m = self.metrics()
             mine = {k: v for k, v in m.values.items() if ("model", model) in k[1]}
-            if mine == {k: v for k, v in last.values.items() if ("model", model) in k[1]} \
-                    or time.monotonic() >= deadline:
+            if (
+                mine == {k: v for k, v in last.values.items() if ("model", model) in k[1]}
+                or time.monotonic() >= deadline
+            ):
                 return m
             last = m
 
     def wait_idle(self, model: str = "llm", timeout_s: float = 30.0) -> Metrics:
         """Wait until `model` runs nothing, has nothing waiting and holds no KV blocks."""
         if not self.metrics().has("llm_kv_cache_blocks_total", model):
-            raise AssertionError(f"model {model!r} is not served (no metrics): add it to VARIANTS in "
-                                 f"tests/integration/conftest.py (served: {sorted(self.variants)})")
+            raise AssertionError(
+                f"model {model!r} is not served (no metrics): add it to VARIANTS in "
+                f"tests/integration/conftest.py (served: {sorted(self.variants)})"
+            )
         return self.wait_for(lambda m: is_idle(m, model), timeout_s)
 
     def alive(self) -> bool:
@@ -273,11 +298,16 @@ def server(tmp_path_factory) -> LLMServer:
         launcher.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "600")))
         openai_port = launcher.free_port()
         frontend = launcher.start_frontend(
-            f"127.0.0.1:{ports[1]}", openai_port, base / "frontend.log", models=FRONTEND_MODELS,
-            model_dir=MODEL_DIR, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
+            f"127.0.0.1:{ports[1]}",
+            openai_port,
+            base / "frontend.log",
+            models=FRONTEND_MODELS,
+            model_dir=MODEL_DIR,
+            metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
         )
-        srv = LLMServer(proc, *ports, log_path, repository=repository, variants=VARIANTS, frontend=frontend,
-                        openai_port=openai_port)
+        srv = LLMServer(
+            proc, *ports, log_path, repository=repository, variants=VARIANTS, frontend=frontend, openai_port=openai_port
+        )
         m = srv.metrics()
         missing = [name for name in VARIANTS if not m.has("llm_kv_cache_blocks_total", name)]
         assert not missing, f"no metrics for model(s) {missing}; log tail:\n{srv.log_tail()}"
@@ -318,15 +348,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     terminalreporter.section("tritonserver log tail")
     terminalreporter.write_line(f"(full log: {_LOG_PATH})")
-    lines = [line for line in launcher.log_tail(_LOG_PATH, 400).splitlines()
-             if line.strip() and not line.startswith(("|", "+-")) and "Loading weights" not in line]
+    lines = [
+        line
+        for line in launcher.log_tail(_LOG_PATH, 400).splitlines()
+        if line.strip() and not line.startswith(("|", "+-")) and "Loading weights" not in line
+    ]
     terminalreporter.write_line("\n".join(lines[-60:]))
 
 
 # ------------------------------------------------------------------------------------------------- reference
 
 
-_REFERENCE: Optional[Reference] = None
+_REFERENCE: Reference | None = None
 _REFERENCE_LOCK = threading.Lock()
 
 

@@ -4,6 +4,7 @@ Enough for page tests: open a URL, evaluate JavaScript, type and click with real
 condition, take a screenshot, and collect the page's uncaught JavaScript exceptions. The browser is
 Debian's `chromium` (`make browser` installs it); `find_chromium()` says where it is or why it is missing.
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,19 +42,29 @@ class HeadlessBrowser:
     def __init__(self, binary: str, width: int = 1500, height: int = 1100, timeout_s: float = 30.0):
         self.profile = tempfile.mkdtemp(prefix="chromium-profile-")
         self.proc = subprocess.Popen(
-            [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--no-first-run", "--no-default-browser-check", "--remote-debugging-port=0",
-             "--remote-allow-origins=*", f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
-             "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--remote-debugging-port=0",
+                "--remote-allow-origins=*",
+                f"--user-data-dir={self.profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         self._ids = itertools.count(1)
         self.exceptions: list[str] = []  # uncaught JavaScript exceptions and console errors of the page
         try:
             port = self._devtools_port(timeout_s)
             page = self._page_target(port, timeout_s)
-            self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout_s,
-                                                  suppress_origin=True)
+            self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout_s, suppress_origin=True)
             for domain in ("Page", "Runtime"):
                 self.call(f"{domain}.enable")
         except Exception:
@@ -84,7 +95,7 @@ class HeadlessBrowser:
             raise BrowserError("chromium has no page target")
         return pages[0]
 
-    def __enter__(self) -> "HeadlessBrowser":
+    def __enter__(self) -> HeadlessBrowser:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -121,8 +132,9 @@ class HeadlessBrowser:
             details = message["params"]["exceptionDetails"]
             self.exceptions.append(details.get("exception", {}).get("description") or details.get("text", "?"))
         elif message.get("method") == "Runtime.consoleAPICalled" and message["params"].get("type") == "error":
-            self.exceptions.append(" ".join(str(a.get("value", a.get("description", ""))) for a in
-                                            message["params"].get("args", [])))
+            self.exceptions.append(
+                " ".join(str(a.get("value", a.get("description", ""))) for a in message["params"].get("args", []))
+            )
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression (promises awaited)."""
@@ -146,13 +158,13 @@ class HeadlessBrowser:
     # ---- a person's actions --------------------------------------------------------------------------
     def open(self, url: str, timeout_s: float = 30.0) -> None:
         self.call("Page.navigate", url=url)
-        self.wait_for(f"document.readyState === 'complete' && location.href.startsWith({json.dumps(url)})",
-                      timeout_s)
+        self.wait_for(f"document.readyState === 'complete' && location.href.startsWith({json.dumps(url)})", timeout_s)
 
     def click(self, selector: str) -> None:
         """A real mouse click at the centre of the element."""
         box = self.evaluate(
-            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.scrollIntoView({{block: 'center'}});"
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+            " e.scrollIntoView({block: 'center'});"
             " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
         )
         x, y = box

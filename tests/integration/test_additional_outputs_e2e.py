@@ -8,6 +8,7 @@ tokens; `logprobs` is per response a JSON list with one `{"<token id>": {"logpro
 Every combination of stream, the five flags and `logprobs` in {absent, 0, 2} runs as one concurrent batch
 over one gRPC stream (the module's fixture); each case is then checked on its own.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,8 +27,16 @@ pytestmark = pytest.mark.integration
 FLAGS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
 ALWAYS = {"text_output", "output_ids", "sample_index"}
 MAX_TOKENS = 3
-PROMPTS = ["Once upon a time", "My favourite food is", "The weather today", "In the middle of the night",
-           "She opened the door and", "A good friend is someone who", "The best way to learn", "On the table"]
+PROMPTS = [
+    "Once upon a time",
+    "My favourite food is",
+    "The weather today",
+    "In the middle of the night",
+    "She opened the door and",
+    "A good friend is someone who",
+    "The best way to learn",
+    "On the table",
+]
 
 
 @dataclass(frozen=True)
@@ -47,12 +56,19 @@ class Case:
     def inputs(self):
         import tritonclient.grpc as grpcclient
 
-        sampling = {"max_tokens": self.max_tokens, "n": self.n,
-                    **({"temperature": 0.8, "seed": 11} if self.sampled else {"temperature": 0})}
+        sampling = {
+            "max_tokens": self.max_tokens,
+            "n": self.n,
+            **({"temperature": 0.8, "seed": 11} if self.sampled else {"temperature": 0}),
+        }
         if self.logprobs is not None:
             sampling["logprobs"] = self.logprobs
-        values = {"text_input": self.prompt.encode(), "sampling_parameters": json.dumps(sampling).encode(),
-                  "stream": self.stream, "exclude_input_in_output": self.exclude_input}
+        values = {
+            "text_input": self.prompt.encode(),
+            "sampling_parameters": json.dumps(sampling).encode(),
+            "stream": self.stream,
+            "exclude_input_in_output": self.exclude_input,
+        }
         values.update({f"return_{f}": f in self.flags for f in FLAGS if f in self.flags or self.send_false_flags})
         tensors = []
         for name, value in values.items():
@@ -68,14 +84,43 @@ def _grid() -> list[Case]:
     for i, (stream, on, logprobs) in enumerate(combos):
         flags = frozenset(f for f, yes in zip(FLAGS, on) if yes)
         name = f"{'stream' if stream else 'whole'}-{'+'.join(sorted(flags)) or 'none'}-logprobs_{logprobs}"
-        cases.append(Case(name, PROMPTS[i % len(PROMPTS)], stream, flags, logprobs,
-                          exclude_input=i % 3 != 0, send_false_flags=i % 2 == 0))
+        cases.append(
+            Case(
+                name,
+                PROMPTS[i % len(PROMPTS)],
+                stream,
+                flags,
+                logprobs,
+                exclude_input=i % 3 != 0,
+                send_false_flags=i % 2 == 0,
+            )
+        )
     every = frozenset(FLAGS)
     for model, stream in itertools.product(("llm", "llm_spec_draft"), (False, True)):  # n > 1, speculation
-        cases.append(Case(f"{model}-n2-{'stream' if stream else 'whole'}", "Write a poem about rain.", stream,
-                          every, 2, model=model, n=2, max_tokens=8, sampled=True))
-        cases.append(Case(f"{model}-greedy-{'stream' if stream else 'whole'}", "List three colours:", stream,
-                          every, 2, model=model, max_tokens=8))
+        cases.append(
+            Case(
+                f"{model}-n2-{'stream' if stream else 'whole'}",
+                "Write a poem about rain.",
+                stream,
+                every,
+                2,
+                model=model,
+                n=2,
+                max_tokens=8,
+                sampled=True,
+            )
+        )
+        cases.append(
+            Case(
+                f"{model}-greedy-{'stream' if stream else 'whole'}",
+                "List three colours:",
+                stream,
+                every,
+                2,
+                model=model,
+                max_tokens=8,
+            )
+        )
     return cases
 
 
@@ -114,8 +159,7 @@ def run_all(url: str, cases: list[Case], timeout_s: float = 120.0) -> dict[str, 
     try:
         client.start_stream(callback=on_response)
         for case in cases:
-            client.async_stream_infer(case.model, case.inputs(), request_id=case.name,
-                                      enable_empty_final_response=True)
+            client.async_stream_infer(case.model, case.inputs(), request_id=case.name, enable_empty_final_response=True)
         assert done.wait(timeout_s), f"{len(pending)} cases unfinished after {timeout_s} s: {sorted(pending)[:5]}"
     finally:
         client.stop_stream(cancel_requests=bool(pending))
@@ -201,7 +245,7 @@ def check_case(case: Case, run: Run, num_input_tokens: int) -> dict[int, Sample]
     for sample in samples.values():
         if not case.exclude_input and not case.stream:
             assert sample.text.startswith(case.prompt)
-            sample.text = sample.text[len(case.prompt):]
+            sample.text = sample.text[len(case.prompt) :]
         if "finish_reason" in case.flags:
             *running, last = sample.reasons
             assert running == ["None"] * len(running) and last in ("length", "stop"), sample.reasons
@@ -234,13 +278,15 @@ def test_greedy_cases_of_one_prompt_agree(grid):
 def test_http_generate_stream_sends_no_additional_output_unless_asked(server):
     def events(**flags):
         none = dict(return_finish_reason=None, return_num_input_tokens=None, return_num_output_tokens=None)
-        chunks = stream_http("Once upon a time", server.http_url, max_tokens=MAX_TOKENS, temperature=0,
-                             **{**none, **flags})  # None: this client sends no flag at all
+        chunks = stream_http(
+            "Once upon a time", server.http_url, max_tokens=MAX_TOKENS, temperature=0, **{**none, **flags}
+        )  # None: this client sends no flag at all
         return [c for c in chunks if not c.is_final]
 
     assert all(set(c.raw) == ALWAYS | {"model_name", "model_version"} for c in events())
     data = events(return_finish_reason=True, return_cumulative_logprob=True)
-    assert all(set(c.raw) == ALWAYS | {"model_name", "model_version", "finish_reason", "cumulative_logprob"}
-               for c in data)
+    assert all(
+        set(c.raw) == ALWAYS | {"model_name", "model_version", "finish_reason", "cumulative_logprob"} for c in data
+    )
     assert [c.raw["finish_reason"] for c in data[:-1]] == [["None"]] * (len(data) - 1)
     assert data[-1].finish_reason in ("length", "stop")

@@ -1,5 +1,6 @@
 """Bad input gets a clear error (asserted on the message), over HTTP generate and gRPC, and the server still
 answers a good request afterwards."""
+
 from __future__ import annotations
 
 import http.client
@@ -72,10 +73,18 @@ def good_request_works(server, transport: str) -> None:
 # tensors with the contract's dtypes); `sampling` is the sampling_parameters JSON (a dict or a raw string).
 CASES = [
     ("empty_prompt", "", {"max_tokens": 4}, ["text_input", "non-empty"]),
-    ("prompt_plus_max_tokens_over_model_len", LONG_TEXT, {"max_tokens": MAX_MODEL_LEN - 10},
-     ["exceed the model's limit of 4096 tokens", f"max_tokens is {MAX_MODEL_LEN - 10}"]),
-    ("prompt_alone_over_model_len", TOO_LONG_PROMPT, {"max_tokens": 1},
-     ["prompt has 5001 tokens", "limit of 4096 tokens"]),
+    (
+        "prompt_plus_max_tokens_over_model_len",
+        LONG_TEXT,
+        {"max_tokens": MAX_MODEL_LEN - 10},
+        ["exceed the model's limit of 4096 tokens", f"max_tokens is {MAX_MODEL_LEN - 10}"],
+    ),
+    (
+        "prompt_alone_over_model_len",
+        TOO_LONG_PROMPT,
+        {"max_tokens": 1},
+        ["prompt has 5001 tokens", "limit of 4096 tokens"],
+    ),
     ("negative_max_tokens", "Hi", {"max_tokens": -3}, ["max_tokens must be between 1 and 4096, got -3"]),
     ("zero_max_tokens", "Hi", {"max_tokens": 0}, ["max_tokens must be between 1 and 4096, got 0"]),
     ("huge_max_tokens", "Hi", {"max_tokens": 10**9}, ["max_tokens must be between 1 and 4096, got 1000000000"]),
@@ -85,36 +94,70 @@ CASES = [
     ("negative_top_k", "Hi", {"top_k": -5}, ["top_k must be", "got -5"]),
     ("n_above_max_n", "Hi", {"n": 9}, ["n must be between 1 and 8, got 9"]),
     ("repetition_penalty_zero", "Hi", {"repetition_penalty": 0.0}, ["repetition_penalty must be in (0, 10]"]),
-    ("min_tokens_above_max_tokens", "Hi", {"max_tokens": 4, "min_tokens": 10},
-     ["min_tokens must be between 0 and 4", "got 10"]),
-    ("malformed_sampling_json", "Hi", {"sampling": '{"max_tokens": 4,'},
-     ["sampling_parameters must be a JSON object"]),
-    ("sampling_parameters_not_object", "Hi", {"sampling": "[1, 2]"},
-     ["sampling_parameters must be a JSON object, got list"]),
-    ("unknown_sampling_key", "Hi", {"sampling": {"max_tokenz": 4}},
-     ["unknown sampling parameter", "max_tokenz"]),
+    (
+        "min_tokens_above_max_tokens",
+        "Hi",
+        {"max_tokens": 4, "min_tokens": 10},
+        ["min_tokens must be between 0 and 4", "got 10"],
+    ),
+    ("malformed_sampling_json", "Hi", {"sampling": '{"max_tokens": 4,'}, ["sampling_parameters must be a JSON object"]),
+    (
+        "sampling_parameters_not_object",
+        "Hi",
+        {"sampling": "[1, 2]"},
+        ["sampling_parameters must be a JSON object, got list"],
+    ),
+    ("unknown_sampling_key", "Hi", {"sampling": {"max_tokenz": 4}}, ["unknown sampling parameter", "max_tokenz"]),
     ("stop_not_a_list", "Hi", {"sampling": {"stop": 5}}, ["stop must be a string or a list of strings, got 5"]),
     ("empty_stop_string", "Hi", {"sampling": {"stop": [""]}}, ["stop strings must not be empty"]),
     ("negative_seed", "Hi", {"sampling": {"seed": -1}}, ["seed must be between 0 and", "got -1"]),
-    ("temperature_not_a_number", "Hi", {"sampling": {"temperature": "hot"}},
-     ["temperature must be a number, got 'hot'"]),
+    (
+        "temperature_not_a_number",
+        "Hi",
+        {"sampling": {"temperature": "hot"}},
+        ["temperature must be a number, got 'hot'"],
+    ),
     ("ignore_eos_not_bool", "Hi", {"sampling": {"ignore_eos": "maybe"}}, ["ignore_eos must be true or false"]),
     ("logprobs_too_many", "Hi", {"sampling": {"logprobs": 50}}, ["logprobs must be between 0 and 20, got 50"]),
-    ("stop_token_id_outside_vocab", "Hi", {"sampling": {"stop_token_ids": [10**7]}},
-     ["stop_token_ids must be token ids below"]),
+    (
+        "stop_token_id_outside_vocab",
+        "Hi",
+        {"sampling": {"stop_token_ids": [10**7]}},
+        ["stop_token_ids must be token ids below"],
+    ),
     ("n_above_max_n_in_sampling", "Hi", {"sampling": {"n": "99"}}, ["n must be between 1 and 8, got 99"]),
     # upper bounds on every input (README "Security and limits")
-    ("prompt_over_max_prompt_bytes", "a" * 70000, {"max_tokens": 1},
-     ["text_input is 70000 bytes of UTF-8; at most 65536 are allowed (max_prompt_bytes"]),
-    ("stop_string_too_long", "Hi", {"sampling": {"stop": ["x" * 300]}},
-     ["stop strings must be at most 256 characters each, got one of 300"]),
-    ("too_many_stop_strings", "Hi", {"sampling": {"stop": [f"s{i}" for i in range(17)]}},
-     ["stop takes at most 16 strings, got 17"]),
-    ("too_many_stop_token_ids", "Hi", {"sampling": {"stop_token_ids": list(range(100))}},
-     ["stop_token_ids takes at most 64 ids, got 100"]),
+    (
+        "prompt_over_max_prompt_bytes",
+        "a" * 70000,
+        {"max_tokens": 1},
+        ["text_input is 70000 bytes of UTF-8; at most 65536 are allowed (max_prompt_bytes"],
+    ),
+    (
+        "stop_string_too_long",
+        "Hi",
+        {"sampling": {"stop": ["x" * 300]}},
+        ["stop strings must be at most 256 characters each, got one of 300"],
+    ),
+    (
+        "too_many_stop_strings",
+        "Hi",
+        {"sampling": {"stop": [f"s{i}" for i in range(17)]}},
+        ["stop takes at most 16 strings, got 17"],
+    ),
+    (
+        "too_many_stop_token_ids",
+        "Hi",
+        {"sampling": {"stop_token_ids": list(range(100))}},
+        ["stop_token_ids takes at most 64 ids, got 100"],
+    ),
     ("top_k_above_vocabulary", "Hi", {"top_k": 10**6}, ["top_k must be at most the vocabulary size 49152"]),
-    ("sampling_parameters_too_large", "Hi", {"sampling": '{"stop": "' + "y" * 70000 + '"}'},
-     ["sampling_parameters is 70012 bytes of JSON; at most 65536 are allowed"]),
+    (
+        "sampling_parameters_too_large",
+        "Hi",
+        {"sampling": '{"stop": "' + "y" * 70000 + '"}'},
+        ["sampling_parameters is 70012 bytes of JSON; at most 65536 are allowed"],
+    ),
 ]
 
 
@@ -169,10 +212,13 @@ def test_invalid_utf8_stop_string_grpc(server):
 
 def test_wrong_dtype_rejected_by_triton(server):
     """max_tokens as FP32 instead of INT32: Triton itself refuses it before the model sees it."""
-    message = raw_grpc(server, [
-        tensor("text_input", [b"Hi"], "BYTES", np.object_),
-        tensor("max_tokens", [4.0], "FP32", np.float32),
-    ])
+    message = raw_grpc(
+        server,
+        [
+            tensor("text_input", [b"Hi"], "BYTES", np.object_),
+            tensor("max_tokens", [4.0], "FP32", np.float32),
+        ],
+    )
     assert message is not None and "max_tokens" in message and "INT32" in message and "FP32" in message, message
     good_request_works(server, "grpc")
 
@@ -184,16 +230,22 @@ def test_wrong_shape_rejected_by_triton(server):
 
 
 def test_two_values_for_a_scalar_input(server):
-    message = raw_grpc(server, [
-        tensor("text_input", [b"Hi"], "BYTES", np.object_),
-        tensor("stop", [b"a", b"b"], "BYTES", np.object_),
-        tensor("max_tokens", [4], "INT32", np.int32),
-    ])
+    message = raw_grpc(
+        server,
+        [
+            tensor("text_input", [b"Hi"], "BYTES", np.object_),
+            tensor("stop", [b"a", b"b"], "BYTES", np.object_),
+            tensor("max_tokens", [4], "INT32", np.int32),
+        ],
+    )
     assert message is None  # stop is a list: fine
-    message = raw_grpc(server, [
-        tensor("text_input", [b"Hi"], "BYTES", np.object_),
-        tensor("temperature", [[0.5]], "FP32", np.float32),
-    ])
+    message = raw_grpc(
+        server,
+        [
+            tensor("text_input", [b"Hi"], "BYTES", np.object_),
+            tensor("temperature", [[0.5]], "FP32", np.float32),
+        ],
+    )
     assert message is not None and "temperature" in message, message
     good_request_works(server, "grpc")
 

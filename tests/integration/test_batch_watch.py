@@ -3,6 +3,7 @@ the request parameter `"batch_view": true` gets the engine summary, then a recor
 clients' requests run (prefill chunks with contiguous ranges, decodes, speculative verifications with
 drafted / accepted counts); the same works over HTTP `generate_stream`; a cancelled watch leaves the
 server serving."""
+
 from __future__ import annotations
 
 import http.client
@@ -71,11 +72,15 @@ def test_a_watch_sees_prefill_chunks_and_decodes_of_concurrent_requests(server):
         summary = watch.next()
         assert summary["type"] == "config" and summary["token_budget"] == 64 and summary["kv_blocks_total"] > 0
         nonce = uuid.uuid4().hex[:8]
-        prompts = [f"({nonce}) Hello!", f"({nonce}) Count slowly from one to twenty: one, two, three,",
-                   f"({nonce}) " + "The history of the printing press is long and full of surprises. " * 6]
+        prompts = [
+            f"({nonce}) Hello!",
+            f"({nonce}) Count slowly from one to twenty: one, two, three,",
+            f"({nonce}) " + "The history of the printing press is long and full of surprises. " * 6,
+        ]
         results = run_concurrently(
             lambda p: generate_http(p, server.http_url, "llm", max_tokens=8, temperature=0, ignore_eos=True),
-            [(p,) for p in prompts])
+            [(p,) for p in prompts],
+        )
         raise_first_error(results)
         steps = watch.steps_until_finished(len(prompts))
     finally:
@@ -106,8 +111,14 @@ def test_a_watch_sees_speculative_verifications(server):
     watch = Watch(server.grpc_url, "llm_spec_same")  # draft = the target in float32: every draft is accepted
     try:
         assert watch.next()["num_speculative_tokens"] == 4
-        result = generate_http(f"({uuid.uuid4().hex[:8]}) Tell me about the sea.", server.http_url, "llm_spec_same",
-                               max_tokens=12, temperature=0, ignore_eos=True)
+        result = generate_http(
+            f"({uuid.uuid4().hex[:8]}) Tell me about the sea.",
+            server.http_url,
+            "llm_spec_same",
+            max_tokens=12,
+            temperature=0,
+            ignore_eos=True,
+        )
         assert result.num_output_tokens == 12
         steps = watch.steps_until_finished(1)
     finally:
@@ -121,13 +132,17 @@ def test_a_watch_over_http_generate_stream(server):
     host, port = server.http_url.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request("POST", "/v2/models/llm/generate_stream", json.dumps({"text_input": "", **WATCH}),
-                     {"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v2/models/llm/generate_stream",
+            json.dumps({"text_input": "", **WATCH}),
+            {"Content-Type": "application/json"},
+        )
         response = conn.getresponse()
         assert response.status == 200
         line = response.readline().decode()
         assert line.startswith("data: "), line
-        records = json.loads(json.loads(line[len("data: "):])["text_output"])["records"]
+        records = json.loads(json.loads(line[len("data: ") :])["text_output"])["records"]
         assert records[0]["type"] == "config" and records[0]["token_budget"] == 64
     finally:
         conn.close()  # a dropped connection cancels the watch

@@ -1,5 +1,6 @@
 """Streams cancelled mid-generation (gRPC stop_stream(cancel_requests=True)) leave the batch and free their
 KV blocks; the server keeps serving."""
+
 import time
 
 import pytest
@@ -20,8 +21,7 @@ def test_cancelled_streams_free_their_blocks(server):
     before = server.metrics()
     prompts = [p for p, _ in MIXED_CASES[:NUM_STREAMS]]
     streams = [
-        stream_grpc(p, server.grpc_url, MODEL, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
-        for p in prompts
+        stream_grpc(p, server.grpc_url, MODEL, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0) for p in prompts
     ]
     received = []
     try:
@@ -44,13 +44,15 @@ def test_cancelled_streams_free_their_blocks(server):
     after = server.wait_idle(MODEL, timeout_s=30)
     freed_after_s = time.monotonic() - cancelled_at
     assert after.get("llm_kv_cache_blocks_used", MODEL) == 0, (
-        f"{after.get('llm_kv_cache_blocks_used', MODEL):.0f} KV blocks still used 30 s after cancelling")
+        f"{after.get('llm_kv_cache_blocks_used', MODEL):.0f} KV blocks still used 30 s after cancelling"
+    )
     assert after.get("llm_requests_running", MODEL) == 0
     assert after.get("llm_requests_waiting", MODEL) == 0
     generated = after.get("llm_generation_tokens_total", MODEL) - before.get("llm_generation_tokens_total", MODEL)
     assert generated < NUM_STREAMS * MAX_TOKENS / 2, f"the cancelled streams went on generating ({generated:.0f})"
     aborted = after.get("llm_requests_finished_total", MODEL, finish_reason="abort") - before.get(
-        "llm_requests_finished_total", MODEL, finish_reason="abort")
+        "llm_requests_finished_total", MODEL, finish_reason="abort"
+    )
     assert aborted == NUM_STREAMS, f"{aborted:.0f} requests finished as aborted, expected {NUM_STREAMS}"
     print(f"blocks freed {freed_after_s:.2f} s after cancelling; {generated:.0f} tokens generated in all")
 
@@ -62,8 +64,10 @@ def test_dropped_http_stream_is_cancelled(server):
     """Closing a generate_stream connection mid-generation cancels the request and frees its blocks."""
     server.wait_idle(MODEL)
     before = server.metrics()
-    streams = [stream_http(p, server.http_url, MODEL, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
-               for p, _ in MIXED_CASES[:4]]
+    streams = [
+        stream_http(p, server.http_url, MODEL, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
+        for p, _ in MIXED_CASES[:4]
+    ]
     try:
         for s in streams:
             for _ in range(TOKENS_BEFORE_CANCEL):
@@ -76,7 +80,8 @@ def test_dropped_http_stream_is_cancelled(server):
     assert after.get("llm_kv_cache_blocks_used", MODEL) == 0
     assert after.get("llm_requests_running", MODEL) == 0
     aborted = after.get("llm_requests_finished_total", MODEL, finish_reason="abort") - before.get(
-        "llm_requests_finished_total", MODEL, finish_reason="abort")
+        "llm_requests_finished_total", MODEL, finish_reason="abort"
+    )
     assert aborted == len(streams)
     got = generate_http("The capital of France is", server.http_url, MODEL, max_tokens=8, temperature=0.0)
     assert len(got.token_ids) == 8

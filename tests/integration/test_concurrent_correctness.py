@@ -1,5 +1,6 @@
 """Concurrent greedy requests of mixed lengths equal Hugging Face's batch-1 greedy output, token for token,
 over gRPC streaming, HTTP generate and HTTP generate_stream; and the engine really batched them."""
+
 import pytest
 
 from client import collect_http, generate_http, stream_grpc
@@ -24,22 +25,27 @@ def _check_against_reference(cases, refs, completions, label, eos_id):
     problems = []
     for i, ((prompt, max_tokens), ref, got) in enumerate(zip(cases, refs, completions)):
         if got.token_ids != ref.token_ids:
-            problems.append(f"#{i} ({label}, max_tokens={max_tokens}, prompt {prompt[:40]!r}...): "
-                            f"{first_mismatch(got.token_ids, ref.token_ids)}")
+            problems.append(
+                f"#{i} ({label}, max_tokens={max_tokens}, prompt {prompt[:40]!r}...): "
+                f"{first_mismatch(got.token_ids, ref.token_ids)}"
+            )
             continue
         want_reason = "length" if len(ref.token_ids) == max_tokens and ref.token_ids[-1] != eos_id else "stop"
         if got.finish_reason != want_reason:
             problems.append(f"#{i} ({label}): finish_reason {got.finish_reason!r}, expected {want_reason!r}")
-    assert not problems, f"{len(problems)} of {len(cases)} completions differ from the reference:\n" + \
-        "\n".join(problems)
+    assert not problems, f"{len(problems)} of {len(cases)} completions differ from the reference:\n" + "\n".join(
+        problems
+    )
 
 
 def _assert_batched(server, before, label):
     after = server.settled_metrics(MODEL)
     multi = after.multi_sequence_steps(MODEL) - before.multi_sequence_steps(MODEL)
     steps = after.get("llm_step_num_sequences_count", MODEL) - before.get("llm_step_num_sequences_count", MODEL)
-    assert multi > 0, (f"{label}: none of the {steps:.0f} engine steps held more than one sequence "
-                       "(llm_step_num_sequences); requests were not batched together")
+    assert multi > 0, (
+        f"{label}: none of the {steps:.0f} engine steps held more than one sequence "
+        "(llm_step_num_sequences); requests were not batched together"
+    )
     return multi, steps
 
 
@@ -59,8 +65,9 @@ def test_grpc_streaming_concurrent_equals_reference(server, reference, mixed_ref
         assert got.text == ref.text, f"streamed text differs for prompt {prompt[:40]!r}"
         assert got.chunks[-1].is_final and sum(c.is_final for c in got.chunks) == 1
         reasons = [c.finish_reason for c in got.chunks]
-        assert reasons[-1] in ("stop", "length") and not any(reasons[:-1]), \
+        assert reasons[-1] in ("stop", "length") and not any(reasons[:-1]), (
             f"finish_reason must come on the last response only, got {reasons}"
+        )
     # Test 3 of the issue: the batch held several sequences at once (from the engine's own histogram).
     _assert_batched(server, before, "gRPC streaming")
     after = server.settled_metrics(MODEL)
@@ -83,7 +90,7 @@ def test_http_generate_and_generate_stream_concurrent_equal_reference(server, re
 
     results = run_concurrently(one, calls)
     raise_first_error(results, "HTTP request")
-    generated, streamed = results[: len(MIXED_CASES)], results[len(MIXED_CASES):]
+    generated, streamed = results[: len(MIXED_CASES)], results[len(MIXED_CASES) :]
     eos_id = reference.tokenizer.eos_token_id
     _check_against_reference(MIXED_CASES, mixed_refs, generated, "HTTP generate", eos_id)
     _check_against_reference(MIXED_CASES, mixed_refs, streamed, "HTTP generate_stream", eos_id)
@@ -98,7 +105,8 @@ def test_http_generate_and_generate_stream_concurrent_equal_reference(server, re
 
 def test_exclude_input_in_output(server, mixed_refs):
     prompt, max_tokens = MIXED_CASES[0]
-    got = generate_http(prompt, server.http_url, MODEL, max_tokens=max_tokens, temperature=0.0,
-                        exclude_input_in_output=True)
+    got = generate_http(
+        prompt, server.http_url, MODEL, max_tokens=max_tokens, temperature=0.0, exclude_input_in_output=True
+    )
     assert got.text == mixed_refs[0].text
     assert got.token_ids == mixed_refs[0].token_ids

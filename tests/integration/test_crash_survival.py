@@ -4,6 +4,7 @@ time the supervisor restarts tritonserver, readiness shows the gap, and the laun
 
 Its own launch (not the session's shared server, which must not be crashed): one small fp32 model, with the
 test-only engine_death fault armed."""
+
 from __future__ import annotations
 
 import http.client
@@ -16,10 +17,10 @@ import urllib.request
 
 import psutil
 import pytest
+from conftest import REPO_ROOT, write_model_repository
 
 import launcher
 from client import ServerError, generate_http, stream_grpc
-from conftest import REPO_ROOT, write_model_repository
 from launcher.supervisor import stub_processes
 
 pytestmark = pytest.mark.integration
@@ -35,17 +36,38 @@ DEATH_MARKER = "<<KILL THE ENGINE>>"
 def launch(tmp_path_factory):
     """`llm-serve` on free ports over a one-model repository; yields (process, ports, output)."""
     tmp_path = tmp_path_factory.mktemp("supervised")
-    repository = write_model_repository(tmp_path / "repository", {
-        "llm": {"dtype": "float32", "kv_cache_blocks": "128", "max_num_seqs": "4",
-                "fault_injection": f"engine_death:{DEATH_MARKER}"},
-    })
+    repository = write_model_repository(
+        tmp_path / "repository",
+        {
+            "llm": {
+                "dtype": "float32",
+                "kv_cache_blocks": "128",
+                "max_num_seqs": "4",
+                "fault_injection": f"engine_death:{DEATH_MARKER}",
+            },
+        },
+    )
     ports = [launcher.free_port() for _ in range(3)]
     output = tmp_path / "serve.out"
     with open(output, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher.serve", "--model-repository", str(repository),
-             "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
-            stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "launcher.serve",
+                "--model-repository",
+                str(repository),
+                "--http-port",
+                str(ports[0]),
+                "--grpc-port",
+                str(ports[1]),
+                "--metrics-port",
+                str(ports[2]),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,
         )
     try:
         yield proc, ports, output
@@ -126,10 +148,17 @@ def test_launch_serves_again_after_the_python_stub_is_killed(launch):
     proc, (http_port, grpc_port, _), output = launch
     wait_ready(http_port, proc, RECOVERY_LIMIT_S, output)
     server_pid = next(c.pid for c in psutil.Process(proc.pid).children() if "tritonserver" in c.name())
-    (stub_pid, name), = stub_processes(server_pid).items()
+    ((stub_pid, name),) = stub_processes(server_pid).items()
     assert name == "llm_0_0"
-    in_flight = stream_grpc("Write a long story about a lighthouse.", f"127.0.0.1:{grpc_port}", "llm",
-                            max_tokens=400, ignore_eos=True, temperature=0.0, timeout_s=RECOVERY_LIMIT_S)
+    in_flight = stream_grpc(
+        "Write a long story about a lighthouse.",
+        f"127.0.0.1:{grpc_port}",
+        "llm",
+        max_tokens=400,
+        ignore_eos=True,
+        temperature=0.0,
+        timeout_s=RECOVERY_LIMIT_S,
+    )
     chunks = iter(in_flight)
     next(chunks)
     started = time.monotonic()

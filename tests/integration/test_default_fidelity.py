@@ -1,7 +1,9 @@
 """The default model repository (quantization auto: the GGUF's own blocks with fp32 activations where our
-kernel runs, else bf16 + int4 where bf16 is native) with n-gram speculation, prefix caching and chunked prefill on: 24 concurrent greedy requests over gRPC streaming and over
-HTTP each equal Hugging Face's `generate` in the dtype `auto` picks on this machine: token for token in float32,
-up to a near-tie in bfloat16 (the rule in testkit/fidelity.py)."""
+kernel runs, else bf16 + int4 where bf16 is native) with n-gram speculation, prefix caching and chunked
+prefill on: 24 concurrent greedy requests over gRPC streaming and over HTTP each equal Hugging Face's `generate`
+in the dtype `auto` picks on this machine: token for token in float32, up to a near-tie in bfloat16 (the rule in
+testkit/fidelity.py)."""
+
 import json
 
 import pytest
@@ -70,8 +72,15 @@ def test_grpc_streams_follow_the_reference(server, reference, greedy):
     server.wait_idle(MODEL)
 
     def one(prompt, max_tokens):
-        return stream_grpc(prompt, server.grpc_url, MODEL, max_tokens=max_tokens, temperature=0.0,
-                           sampling={"logprobs": TOP}, return_logprobs=True).completion()
+        return stream_grpc(
+            prompt,
+            server.grpc_url,
+            MODEL,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            sampling={"logprobs": TOP},
+            return_logprobs=True,
+        ).completion()
 
     _check(server, reference, greedy, run_concurrently(one, MIXED_CASES), "gRPC stream")
 
@@ -80,8 +89,15 @@ def test_http_streams_follow_the_reference(server, reference, greedy):
     server.wait_idle(MODEL)
 
     def one(prompt, max_tokens):
-        return collect_http(prompt, server.http_url, MODEL, max_tokens=max_tokens, temperature=0.0,
-                            sampling={"logprobs": TOP}, return_logprobs=True)
+        return collect_http(
+            prompt,
+            server.http_url,
+            MODEL,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            sampling={"logprobs": TOP},
+            return_logprobs=True,
+        )
 
     _check(server, reference, greedy, run_concurrently(one, MIXED_CASES), "HTTP generate_stream")
 

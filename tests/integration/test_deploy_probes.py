@@ -7,6 +7,7 @@ The manifests are rendered with `kubectl kustomize` (deploy/check.py; the tools 
 missing one fails the test). The Deployment's ports (Triton 8000/8001/8002 on loopback, the front door 9000) are
 mapped onto the session server's ports by the launch arguments that name them.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,12 @@ def manifests() -> dict[str, check.Rendered]:
 def ports(server, manifests) -> dict[int, int]:
     """Pod port -> the session server's port."""
     named = check.server_ports(manifests["cpu"].one("Deployment", check.MODEL_SERVER))
-    actual = {"http": server.http_port, "grpc": server.grpc_port, "metrics": server.metrics_port,
-              "openai": server.openai_port}
+    actual = {
+        "http": server.http_port,
+        "grpc": server.grpc_port,
+        "metrics": server.metrics_port,
+        "openai": server.openai_port,
+    }
     return {named[k]: actual[k] for k in actual}
 
 

@@ -6,6 +6,7 @@ restarts the server on that gauge, see test_crash_survival.py).
 
 The engine-death test leaves `llm_faults` dead for the rest of the session: it runs last in this file and no
 other file uses the variant."""
+
 from __future__ import annotations
 
 import time
@@ -50,24 +51,32 @@ def test_a_failing_step_errors_its_requests_only(server, reference):
     bad = [("grpc", STEP_MARKER + " hello", 8), ("http", "Tell me: " + STEP_MARKER, 8)]
     good = [("grpc" if i % 2 else "http", p, n) for i, (p, n) in enumerate(GOOD_CASES)]
     results = run_concurrently(one, bad + good)
-    for result in results[:len(bad)]:
+    for result in results[: len(bad)]:
         assert isinstance(result, ServerError), f"the faulty request completed: {result}"
         assert "internal error while generating: injected step_error" in str(result), str(result)
-    for (kind, prompt, _), got, ref in zip(good, results[len(bad):], want):
+    for (kind, prompt, _), got, ref in zip(good, results[len(bad) :], want):
         assert not isinstance(got, BaseException), f"{kind} {prompt!r}: {got}"
         assert got.token_ids == ref.token_ids, f"{kind} {prompt!r}: {first_mismatch(got.token_ids, ref.token_ids)}"
     idle = server.wait_idle(MODEL)
     assert idle.get("llm_kv_cache_blocks_used", MODEL) == 0
     assert idle.get("llm_engine_alive", MODEL) == 1
     assert model_ready(server)
-    assert generate_grpc("The capital of France is", server.grpc_url, MODEL, max_tokens=3,
-                         temperature=0.0).token_ids == reference.get("The capital of France is", 3).token_ids
+    assert (
+        generate_grpc("The capital of France is", server.grpc_url, MODEL, max_tokens=3, temperature=0.0).token_ids
+        == reference.get("The capital of France is", 3).token_ids
+    )
 
 
 def test_zz_a_dead_engine_thread_fails_every_request_at_once(server):
     server.wait_idle(MODEL)
-    in_flight = stream_grpc("Write a long story about a lighthouse.", server.grpc_url, MODEL, max_tokens=500,
-                            ignore_eos=True, temperature=0.0)
+    in_flight = stream_grpc(
+        "Write a long story about a lighthouse.",
+        server.grpc_url,
+        MODEL,
+        max_tokens=500,
+        ignore_eos=True,
+        temperature=0.0,
+    )
     chunks = iter(in_flight)
     next(chunks)  # it is generating
     started = time.monotonic()
@@ -90,5 +99,7 @@ def test_zz_a_dead_engine_thread_fails_every_request_at_once(server):
     assert m.get("llm_kv_cache_blocks_used", MODEL) == 0
     assert m.get("llm_engine_alive", "llm") == 1  # the other models go on
     assert len(generate_grpc("Hi", server.grpc_url, "llm", max_tokens=2, temperature=0.0).token_ids) == 2
-    print(f"in-flight and dying requests failed {failed_in_s:.2f} s after the fault; later requests refused in "
-          f"{max(refused) * 1000:.0f} ms")
+    print(
+        f"in-flight and dying requests failed {failed_in_s:.2f} s after the fault; later requests refused in "
+        f"{max(refused) * 1000:.0f} ms"
+    )

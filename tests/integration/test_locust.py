@@ -1,6 +1,7 @@
 """The Locust load test (loadtest/locustfile.py) against the session's server and its OpenAI-compatible front
-door: a few seconds headless, one user of each type, then its CSV stats must show successful requests for every user type and the custom TTFT / ITL
-rows."""
+door: a few seconds headless, one user of each type, then its CSV stats must show successful requests for every
+user type and the custom TTFT / ITL rows."""
+
 from __future__ import annotations
 
 import csv
@@ -32,13 +33,43 @@ def test_locust_headless_run(server, tmp_path):
         '"Write a haiku about autumn leaves."\n'
     )
     cmd = [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "-u", "4", "-r", "4", "-t", "8s", "--stop-timeout", "30",
-        "--host", f"http://{server.http_url}", "--grpc-url", server.grpc_url, "--openai-url", server.openai_url,
-        "--prompts-file", str(prompts), "--max-tokens-min", "4", "--max-tokens-max", "8",
-        "--throughput-interval", "2", "--workload-seed", "1",
-        "--csv", str(prefix), "--html", str(tmp_path / "report.html"),
-        "--exit-code-on-error", "3", "--only-summary",
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-u",
+        "4",
+        "-r",
+        "4",
+        "-t",
+        "8s",
+        "--stop-timeout",
+        "30",
+        "--host",
+        f"http://{server.http_url}",
+        "--grpc-url",
+        server.grpc_url,
+        "--openai-url",
+        server.openai_url,
+        "--prompts-file",
+        str(prompts),
+        "--max-tokens-min",
+        "4",
+        "--max-tokens-max",
+        "8",
+        "--throughput-interval",
+        "2",
+        "--workload-seed",
+        "1",
+        "--csv",
+        str(prefix),
+        "--html",
+        str(tmp_path / "report.html"),
+        "--exit-code-on-error",
+        "3",
+        "--only-summary",
     ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
     output = proc.stdout + proc.stderr

@@ -2,6 +2,7 @@
 `openai` SDK and raw HTTP: chat and completions, whole and streamed; n with a seed; stop; logprobs; greedy chat
 output against `transformers` `generate` on the chat-templated prompt; concurrent streams; dropped streams
 freeing their KV blocks; bad requests answered in OpenAI's error format; a full queue answered 503."""
+
 from __future__ import annotations
 
 import http.client
@@ -62,19 +63,29 @@ def test_chat_whole_and_streamed_give_the_same_greedy_answer_and_usage(server, c
     assert whole.usage.prompt_tokens > 10 and 0 < whole.usage.completion_tokens <= 24
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
 
-    chunks = list(client.chat.completions.create(model=MODEL, messages=GREETING, temperature=0, max_tokens=24,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=GREETING,
+            temperature=0,
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2, "not streamed"
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
-        [choice.finish_reason]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        choice.finish_reason
+    ]
     assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
     assert all(c.usage is None for c in chunks[:-1])
 
-    events = sse_events(server, "/v1/chat/completions", {"model": MODEL, "messages": GREETING, "max_tokens": 4,
-                                                         "stream": True})
+    events = sse_events(
+        server, "/v1/chat/completions", {"model": MODEL, "messages": GREETING, "max_tokens": 4, "stream": True}
+    )
     assert events[-1] == "[DONE]" and all(json.loads(e)["object"] == "chat.completion.chunk" for e in events[:-1])
 
 
@@ -90,8 +101,9 @@ def test_completions_take_a_string_or_a_list_and_echo(client):
     assert many.choices[1].text.startswith(prompts[1]) and len(many.choices[1].text) > len(prompts[1])
     assert many.usage.completion_tokens == 16 and many.usage.prompt_tokens > one.usage.prompt_tokens
 
-    streamed = list(client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0,
-                                              echo=True, stream=True))
+    streamed = list(
+        client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0, echo=True, stream=True)
+    )
     texts = {0: "", 1: ""}
     for chunk in streamed:
         for c in chunk.choices:
@@ -101,15 +113,17 @@ def test_completions_take_a_string_or_a_list_and_echo(client):
 
 def test_n2_with_a_seed_is_reproducible(client):
     def ask():
-        answer = client.chat.completions.create(model=MODEL, messages=GREETING, n=2, seed=1234, temperature=1.0,
-                                                max_tokens=16)
+        answer = client.chat.completions.create(
+            model=MODEL, messages=GREETING, n=2, seed=1234, temperature=1.0, max_tokens=16
+        )
         return [c.message.content for c in sorted(answer.choices, key=lambda c: c.index)]
 
     first = ask()
     assert len(first) == 2 and all(first)
     assert ask() == first
-    streamed = client.chat.completions.create(model=MODEL, messages=GREETING, n=2, seed=1234, temperature=1.0,
-                                              max_tokens=16, stream=True)
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=GREETING, n=2, seed=1234, temperature=1.0, max_tokens=16, stream=True
+    )
     texts = ["", ""]
     for chunk in streamed:
         for c in chunk.choices:
@@ -121,15 +135,15 @@ def test_stop_cuts_the_text(client):
     full = client.completions.create(model=MODEL, prompt="Count: 1, 2, 3, 4,", max_tokens=16, temperature=0)
     text = full.choices[0].text
     assert " 6" in text, text
-    cut = client.completions.create(model=MODEL, prompt="Count: 1, 2, 3, 4,", max_tokens=16, temperature=0,
-                                    stop=[" 6"])
-    assert cut.choices[0].text == text[:text.index(" 6")]
+    cut = client.completions.create(model=MODEL, prompt="Count: 1, 2, 3, 4,", max_tokens=16, temperature=0, stop=[" 6"])
+    assert cut.choices[0].text == text[: text.index(" 6")]
     assert cut.choices[0].finish_reason == "stop"
 
 
 def test_logprobs_come_back(client):
-    chat = client.chat.completions.create(model=MODEL, messages=GREETING, temperature=0, max_tokens=8,
-                                          logprobs=True, top_logprobs=3)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=GREETING, temperature=0, max_tokens=8, logprobs=True, top_logprobs=3
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == chat.usage.completion_tokens
     assert "".join(t.token for t in content) == chat.choices[0].message.content
@@ -138,8 +152,9 @@ def test_logprobs_come_back(client):
         assert t.top_logprobs[0].token == t.token  # greedy: the chosen token is the most likely one
         assert t.bytes == list(t.token.encode())
 
-    text = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0,
-                                     logprobs=2)
+    text = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0, logprobs=2
+    )
     lp = text.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
     assert "".join(lp.tokens) == text.choices[0].text and lp.text_offset[0] == 0
@@ -152,10 +167,12 @@ def test_logprobs_come_back(client):
 # as on this machine's server.
 SERVED = [("llm", "float32"), ("llm_default", resolve_for_model(str(MODEL_DIR), "auto", "auto", "cpu")[0])]
 CHATS = [[{"role": "user", "content": p}] for p, _ in MIXED_CASES[:6]] + [
-    [{"role": "system", "content": "You answer in one short sentence."},
-     {"role": "user", "content": "Why is the sky blue?"},
-     {"role": "assistant", "content": "Because air scatters blue light more."},
-     {"role": "user", "content": "And sunsets?"}],
+    [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Why is the sky blue?"},
+        {"role": "assistant", "content": "Because air scatters blue light more."},
+        {"role": "user", "content": "And sunsets?"},
+    ],
 ]
 MAX_TOKENS = 24
 
@@ -167,8 +184,14 @@ def test_greedy_chat_equals_transformers_generate_on_the_chat_template(client, m
 
     def one(messages):
         answer = client.chat.completions.create(
-            model=model, messages=messages, temperature=0, max_tokens=MAX_TOKENS, logprobs=True, top_logprobs=5,
-            extra_body={"return_tokens_as_token_ids": True})
+            model=model,
+            messages=messages,
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            logprobs=True,
+            top_logprobs=5,
+            extra_body={"return_tokens_as_token_ids": True},
+        )
         return answer.choices[0]
 
     choices = run_concurrently(one, [(m,) for m in CHATS])
@@ -176,12 +199,17 @@ def test_greedy_chat_equals_transformers_generate_on_the_chat_template(client, m
     verdicts = []
     for messages, choice in zip(CHATS, choices):
         prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        assert tok(prompt).input_ids == list(tok.apply_chat_template(messages, add_generation_prompt=True,
-                                                                     return_dict=True)["input_ids"])
+        assert tok(prompt).input_ids == list(
+            tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        )
         want = reference.greedy(prompt, MAX_TOKENS)
-        entries = [{"token_id": int(t.token.removeprefix("token_id:")),
-                    "top_logprobs": {int(a.token.removeprefix("token_id:")): a.logprob for a in t.top_logprobs}}
-                   for t in choice.logprobs.content]
+        entries = [
+            {
+                "token_id": int(t.token.removeprefix("token_id:")),
+                "top_logprobs": {int(a.token.removeprefix("token_id:")): a.logprob for a in t.top_logprobs},
+            }
+            for t in choice.logprobs.content
+        ]
         ours = [e["token_id"] for e in entries]
         verdict = reference.judge(prompt, ours, want, entries)
         verdicts.append(verdict)
@@ -200,9 +228,15 @@ def test_16_concurrent_streams_all_complete(server, client):
     server.wait_idle(MODEL)
 
     def one(prompt, max_tokens):
-        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=max_tokens, temperature=0.7, seed=3, stream=True,
-                                                stream_options={"include_usage": True})
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=max_tokens,
+            temperature=0.7,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         text, reasons, usage = "", [], None
         for chunk in stream:
             for c in chunk.choices:
@@ -222,11 +256,21 @@ def test_16_concurrent_streams_all_complete(server, client):
 def _open_stream(server, prompt: str) -> socket.socket:
     """A raw HTTP streaming chat request; returns the socket once the first token's chunk has arrived."""
     url = urllib.parse.urlparse(server.openai_url)
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1000,
-                       "ignore_eos": True, "temperature": 0, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+    ).encode()
     sock = socket.create_connection((url.hostname, url.port), timeout=120)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
     received = b""
     while received.count(b"data: ") < 3:  # the role chunk, then tokens
         data = sock.recv(65536)
@@ -248,7 +292,8 @@ def test_dropped_streams_free_their_kv_blocks(server, client):
     assert after.get("llm_kv_cache_blocks_used", MODEL) == 0, "KV blocks still used after the clients left"
     after = server.settled_metrics(MODEL)
     aborted = after.get("llm_requests_finished_total", MODEL, finish_reason="abort") - before.get(
-        "llm_requests_finished_total", MODEL, finish_reason="abort")
+        "llm_requests_finished_total", MODEL, finish_reason="abort"
+    )
     assert aborted == 8, f"{aborted:.0f} requests were aborted, expected the 8 dropped ones"
     generated = after.get("llm_generation_tokens_total", MODEL) - before.get("llm_generation_tokens_total", MODEL)
     assert generated < 8 * 1000 / 2, f"the dropped streams went on generating ({generated:.0f} tokens)"
@@ -270,10 +315,18 @@ BAD_REQUESTS = [  # (what, path, body or raw bytes, expected status)
     ("logit_bias out of range", "/v1/chat/completions", {**OK_CHAT, "logit_bias": {"42": 500}}, 400),
     ("a tool without a function", "/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function"}]}, 400),
     ("n above the model's max_n", "/v1/chat/completions", {**OK_CHAT, "n": 64}, 400),
-    ("prompt longer than the model", "/v1/completions",
-     {"model": MODEL, "prompt": "word " * 9000, "max_tokens": 4}, 400),
-    ("stream_options without stream", "/v1/completions",
-     {"model": MODEL, "prompt": "Hi", "stream_options": {"include_usage": True}}, 400),
+    (
+        "prompt longer than the model",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "word " * 9000, "max_tokens": 4},
+        400,
+    ),
+    (
+        "stream_options without stream",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "Hi", "stream_options": {"include_usage": True}},
+        400,
+    ),
     ("token id outside the vocabulary", "/v1/completions", {"model": MODEL, "prompt": [1, 2, 49152]}, 400),
     ("unknown route", "/v1/embeddings", {"model": MODEL, "input": "x"}, 404),
     ("JSON nested 100,000 deep", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400),
@@ -282,8 +335,9 @@ BAD_REQUESTS = [  # (what, path, body or raw bytes, expected status)
 
 @pytest.mark.parametrize("what, path, body, status", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
 def test_bad_requests_get_openai_errors(server, what, path, body, status):
-    got, answer = post(server, path, None if isinstance(body, bytes) else body,
-                       raw=body if isinstance(body, bytes) else None)
+    got, answer = post(
+        server, path, None if isinstance(body, bytes) else body, raw=body if isinstance(body, bytes) else None
+    )
     assert got == status, (what, answer)
     error = answer["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["type"], answer
@@ -328,8 +382,9 @@ def test_a_full_queue_is_503(server, client):
 
     def one(i):
         try:
-            client.completions.create(model=model, prompt=f"Story {i}:", max_tokens=48, temperature=0,
-                                      extra_body={"ignore_eos": True})
+            client.completions.create(
+                model=model, prompt=f"Story {i}:", max_tokens=48, temperature=0, extra_body={"ignore_eos": True}
+            )
             return 200
         except openai.APIStatusError as exc:
             return exc.status_code, exc.body

@@ -1,22 +1,22 @@
 """The front door for scoring and steering clients, against the real stack: token-id prompts, echo with prompt
 logprobs (equal to transformers' log-softmax), logit_bias, /tokenize and /detokenize, max_model_len, the
 bounds that keep one caller from starving the others, an API key, and generated hostile bodies."""
+
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import openai
 import pytest
 import torch
+from conftest import MODEL_DIR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from llm_testlib import post
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import launcher
-from conftest import MODEL_DIR
-from llm_testlib import post
 
 pytestmark = pytest.mark.integration
 
@@ -67,9 +67,18 @@ def test_echo_prompt_logprobs_equal_transformers(client, hf, model):
     tokenizer, reference_model = hf
     ids = tokenizer(PROMPT * 3).input_ids
     reference = hf_prompt_logprobs(reference_model, ids)
-    answers = [client.completions.create(model=model, prompt=[ids], echo=True, logprobs=1, max_tokens=0,
-                                         temperature=0, extra_body={"return_tokens_as_token_ids": True})
-               for _ in range(2)]
+    answers = [
+        client.completions.create(
+            model=model,
+            prompt=[ids],
+            echo=True,
+            logprobs=1,
+            max_tokens=0,
+            temperature=0,
+            extra_body={"return_tokens_as_token_ids": True},
+        )
+        for _ in range(2)
+    ]
     for answer in answers:
         choice = answer.choices[0]
         assert choice.text == tokenizer.decode(ids) and answer.usage.completion_tokens == 0
@@ -77,10 +86,20 @@ def test_echo_prompt_logprobs_equal_transformers(client, hf, model):
         assert token_ids_of(lp) == ids and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
         worst = max(abs(got - want) for got, want in zip(lp.token_logprobs[1:], reference))
         assert worst < 1e-4, worst
-        assert all(len(top) == 1 and max(top.values()) >= got - 1e-6
-                   for top, got in zip(lp.top_logprobs[1:], lp.token_logprobs[1:]))
-    streamed = client.completions.create(model=model, prompt=ids, echo=True, logprobs=2, max_tokens=1,
-                                         temperature=0, stream=True, extra_body={"return_tokens_as_token_ids": True})
+        assert all(
+            len(top) == 1 and max(top.values()) >= got - 1e-6
+            for top, got in zip(lp.top_logprobs[1:], lp.token_logprobs[1:])
+        )
+    streamed = client.completions.create(
+        model=model,
+        prompt=ids,
+        echo=True,
+        logprobs=2,
+        max_tokens=1,
+        temperature=0,
+        stream=True,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
     chunks = [c.choices[0] for c in streamed if c.choices]
     first = chunks[0].logprobs
     assert chunks[0].text.startswith(tokenizer.decode(ids))
@@ -91,8 +110,15 @@ def test_echo_prompt_logprobs_equal_transformers(client, hf, model):
 
 def test_logit_bias_forces_and_forbids_a_token(client):
     def greedy_ids(**extra) -> list[int]:
-        answer = client.completions.create(model="llm", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0,
-                                           extra_body={"return_tokens_as_token_ids": True}, **extra)
+        answer = client.completions.create(
+            model="llm",
+            prompt=PROMPT,
+            max_tokens=6,
+            temperature=0,
+            logprobs=0,
+            extra_body={"return_tokens_as_token_ids": True},
+            **extra,
+        )
         return token_ids_of(answer.choices[0].logprobs)
 
     plain = greedy_ids()
@@ -100,9 +126,16 @@ def test_logit_bias_forces_and_forbids_a_token(client):
     assert greedy_ids(logit_bias={str(forced): 100}) == [forced] * 6
     banned = greedy_ids(logit_bias={str(plain[0]): -100})
     assert banned[0] != plain[0]
-    sampled = client.chat.completions.create(model="llm_default", messages=[{"role": "user", "content": "Hi"}],
-                                             max_tokens=5, temperature=0.8, seed=5, logit_bias={str(forced): 100},
-                                             logprobs=True, extra_body={"return_tokens_as_token_ids": True})
+    sampled = client.chat.completions.create(
+        model="llm_default",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=5,
+        temperature=0.8,
+        seed=5,
+        logit_bias={str(forced): 100},
+        logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
     assert [int(t.token.removeprefix("token_id:")) for t in sampled.choices[0].logprobs.content] == [forced] * 5
 
 
@@ -156,15 +189,17 @@ def test_a_multi_prompt_request_is_queued_whole_or_not_at_all(server, client):
     texts: list[str] = []
 
     def blocker(i: int):
-        answer = client.completions.create(model=model, prompt=f"Count to one hundred: {i}", max_tokens=48,
-                                           temperature=0)
+        answer = client.completions.create(
+            model=model, prompt=f"Count to one hundred: {i}", max_tokens=48, temperature=0
+        )
         texts.append(answer.choices[0].text)
 
     threads = [threading.Thread(target=blocker, args=(i,)) for i in range(4)]
     for thread in threads:
         thread.start()
-    busy = server.wait_for(lambda m: m.get("llm_requests_running", model) == 2
-                           and m.get("llm_requests_waiting", model) == 2, timeout_s=60)
+    busy = server.wait_for(
+        lambda m: m.get("llm_requests_running", model) == 2 and m.get("llm_requests_waiting", model) == 2, timeout_s=60
+    )
     assert (busy.get("llm_requests_running", model), busy.get("llm_requests_waiting", model)) == (2, 2)
     with pytest.raises(openai.APIStatusError) as info:
         client.completions.create(model=model, prompt=["a", "b", "c"], max_tokens=2)
@@ -209,26 +244,59 @@ def test_the_api_key_guards_every_openai_route(server, monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------------------------ generated bodies
 
-_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 5), st.floats(-3, 3, allow_nan=False),
-                     st.text(max_size=8), st.sampled_from(["llm", "nope", "user", "auto", "json_object"]))
-_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                         st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-                       max_leaves=12)
-_FIELDS = ["model", "prompt", "messages", "temperature", "top_p", "n", "stop", "seed", "echo",
-           "logprobs", "top_logprobs", "logit_bias", "stream", "stream_options", "response_format", "tools",
-           "tool_choice", "presence_penalty", "min_tokens", "stop_token_ids", "user", "best_of", "suffix"]
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 5),
+    st.floats(-3, 3, allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(["llm", "nope", "user", "auto", "json_object"]),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=12,
+)
+_FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "echo",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "stream",
+    "stream_options",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "presence_penalty",
+    "min_tokens",
+    "stop_token_ids",
+    "user",
+    "best_of",
+    "suffix",
+]
 _BODIES = st.fixed_dictionaries(
     {"model": st.sampled_from(["llm", "llm", "nope"])},
     optional={
-        "prompt": st.one_of(st.text(min_size=1, max_size=20), st.lists(st.integers(-2, 49160), max_size=6),
-                            _VALUES),
+        "prompt": st.one_of(st.text(min_size=1, max_size=20), st.lists(st.integers(-2, 49160), max_size=6), _VALUES),
         "messages": st.one_of(st.just([{"role": "user", "content": "Hi"}]), _VALUES),
         **{name: _VALUES for name in _FIELDS if name not in ("model", "prompt", "messages")},
     },
-).flatmap(lambda body: st.fixed_dictionaries({  # always a small max_tokens (or a bad one): no long generations
-    **{k: st.just(v) for k, v in body.items()},
-    "max_tokens": st.one_of(st.integers(-1, 3), st.booleans(), st.text(max_size=3), st.floats(0, 3)),
-}))
+).flatmap(
+    lambda body: st.fixed_dictionaries(
+        {  # always a small max_tokens (or a bad one): no long generations
+            **{k: st.just(v) for k, v in body.items()},
+            "max_tokens": st.one_of(st.integers(-1, 3), st.booleans(), st.text(max_size=3), st.floats(0, 3)),
+        }
+    )
+)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))

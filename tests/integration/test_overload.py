@@ -1,4 +1,5 @@
 """Past the queue limit a request is refused at once with a clear message; every accepted one completes."""
+
 import time
 
 import pytest
@@ -20,8 +21,15 @@ def test_flood_is_partly_refused_fast_and_the_rest_completes(server):
     def one(i):
         started = time.perf_counter()
         try:
-            got = generate_grpc(f"Request number {i}: tell me a fact about the number {i}.", server.grpc_url,
-                                MODEL, stream=False, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
+            got = generate_grpc(
+                f"Request number {i}: tell me a fact about the number {i}.",
+                server.grpc_url,
+                MODEL,
+                stream=False,
+                max_tokens=MAX_TOKENS,
+                ignore_eos=True,
+                temperature=0.0,
+            )
             return ("ok", time.perf_counter() - started, got)
         except ServerError as exc:
             return ("refused", time.perf_counter() - started, str(exc))
@@ -47,5 +55,7 @@ def test_flood_is_partly_refused_fast_and_the_rest_completes(server):
     after = server.wait_idle(MODEL)
     rejected = after.get("llm_requests_rejected_total", MODEL) - before.get("llm_requests_rejected_total", MODEL)
     assert rejected == len(refused)
-    print(f"{len(accepted)} accepted, {len(refused)} refused; refusals in {refusal_times[0]:.3f}.."
-          f"{refusal_times[-1]:.3f} s; slowest completion {slowest_completion:.2f} s")
+    print(
+        f"{len(accepted)} accepted, {len(refused)} refused; refusals in {refusal_times[0]:.3f}.."
+        f"{refusal_times[-1]:.3f} s; slowest completion {slowest_completion:.2f} s"
+    )

@@ -3,6 +3,7 @@
 The seed's workload (paged_attention_cow_prefix_caching): a long markdown table as the system prompt and
 two different questions, greedy. The second question's prefill reuses the table's cached blocks.
 """
+
 import threading
 import time
 
@@ -13,18 +14,46 @@ from testkit.fidelity import first_mismatch
 
 pytestmark = pytest.mark.integration
 
-NAMES = ["John Doe", "Jane Smith", "Alice Johnson", "Bob Brown", "Carol White", "Dave Green", "Emma Black",
-         "Frank Blue", "Grace Yellow", "Henry Violet", "Irene Orange", "Jack Indigo", "Karen Red", "Leo Brown",
-         "Mia Green", "Noah Yellow", "Olivia Blue", "Peter Black", "Quinn White", "Rachel Red", "Steve Green",
-         "Tina Blue", "Umar Black", "Victor Yellow", "Wendy Orange", "Xavier Green", "Yara Red", "Zack Blue"]
+NAMES = [
+    "John Doe",
+    "Jane Smith",
+    "Alice Johnson",
+    "Bob Brown",
+    "Carol White",
+    "Dave Green",
+    "Emma Black",
+    "Frank Blue",
+    "Grace Yellow",
+    "Henry Violet",
+    "Irene Orange",
+    "Jack Indigo",
+    "Karen Red",
+    "Leo Brown",
+    "Mia Green",
+    "Noah Yellow",
+    "Olivia Blue",
+    "Peter Black",
+    "Quinn White",
+    "Rachel Red",
+    "Steve Green",
+    "Tina Blue",
+    "Umar Black",
+    "Victor Yellow",
+    "Wendy Orange",
+    "Xavier Green",
+    "Yara Red",
+    "Zack Blue",
+]
 JOBS = ["Engineer", "Doctor", "Teacher", "Artist", "Scientist", "Lawyer", "Musician", "Chef"]
 COUNTRIES = ["USA", "Canada", "UK", "Australia", "New Zealand", "Ireland"]
 TABLE = "| ID | Name | Age | Occupation | Country |\n|----|------|-----|------------|---------|\n" + "".join(
     f"| {i + 1} | {name} | {25 + (i * 7) % 26} | {JOBS[i % len(JOBS)]} | {COUNTRIES[i % len(COUNTRIES)]} |\n"
     for i, name in enumerate(NAMES)
 )
-SYSTEM = ("You are a helpful assistant that recognizes the content of tables in markdown format. "
-          "Here is a table as follows.\n# Table\n" + TABLE)
+SYSTEM = (
+    "You are a helpful assistant that recognizes the content of tables in markdown format. "
+    "Here is a table as follows.\n# Table\n" + TABLE
+)
 
 
 def _chat_prompt(tokenizer, question: str) -> str:

@@ -19,8 +19,9 @@ def seeded_grpc(server):
 
 
 def seeded_http(server):
-    return generate_http(SEEDED_PROMPT, server.http_url, MODEL, max_tokens=SEEDED_MAX_TOKENS,
-                         exclude_input_in_output=True, **SEEDED)
+    return generate_http(
+        SEEDED_PROMPT, server.http_url, MODEL, max_tokens=SEEDED_MAX_TOKENS, exclude_input_in_output=True, **SEEDED
+    )
 
 
 def test_seeded_sampling_same_alone_and_in_busy_batch(server, reference):
@@ -32,8 +33,10 @@ def test_seeded_sampling_same_alone_and_in_busy_batch(server, reference):
 
     # Eight long requests (long prompts, chunked; ignore_eos) keep the batch busy meanwhile.
     busy_prompts = [p for p, _ in sorted(MIXED_CASES, key=lambda c: -len(c[0]))[:8]]
-    busy = [stream_grpc(p, server.grpc_url, MODEL, max_tokens=400, ignore_eos=True, temperature=0.7, seed=i)
-            for i, p in enumerate(busy_prompts)]
+    busy = [
+        stream_grpc(p, server.grpc_url, MODEL, max_tokens=400, ignore_eos=True, temperature=0.7, seed=i)
+        for i, p in enumerate(busy_prompts)
+    ]
     try:
         m = server.wait_for(lambda m: m.get("llm_requests_running", MODEL) >= len(busy), timeout_s=30)
         assert m.get("llm_requests_running", MODEL) >= len(busy), "the busy requests did not all start"
@@ -41,8 +44,9 @@ def test_seeded_sampling_same_alone_and_in_busy_batch(server, reference):
         results = run_concurrently(lambda f: f(server), [(seeded_grpc,), (seeded_http,)])
         raise_first_error(results, "seeded request")
         during = server.metrics()
-        assert during.get("llm_requests_running", MODEL) >= len(busy), \
+        assert during.get("llm_requests_running", MODEL) >= len(busy), (
             "the busy requests finished before the seeded ones: the test proved nothing"
+        )
         multi = during.multi_sequence_steps(MODEL) - before.multi_sequence_steps(MODEL)
         assert multi > 0
     finally:
@@ -65,7 +69,7 @@ def _samples_of_one_response(completion, n):
     texts, indices, flat_ids = raw["text_output"], raw["sample_index"], raw["output_ids"]
     assert len(texts) == n and len(indices) == n, raw
     width = len(flat_ids) // n
-    rows = [[t for t in flat_ids[i * width:(i + 1) * width] if t != -1] for i in range(n)]
+    rows = [[t for t in flat_ids[i * width : (i + 1) * width] if t != -1] for i in range(n)]
     reasons = raw.get("finish_reason", [])
     assert len(reasons) == n and all(reasons), f"finish_reason for every sample expected, got {reasons}"
     return sorted(zip(indices, texts, rows))
@@ -84,8 +88,7 @@ def test_n_samples_non_streaming(server):
     assert len({tuple(ids) for _, _, ids in first}) == 4, f"the four samples are not all different: {first}"
     second = _samples_of_one_response(generate_http(N_PROMPT, server.http_url, MODEL, **N_PARAMS), 4)
     assert second == first, "a second identical seeded n=4 request gave different samples"
-    over_grpc = _samples_of_one_response(
-        generate_grpc(N_PROMPT, server.grpc_url, MODEL, stream=False, **N_PARAMS), 4)
+    over_grpc = _samples_of_one_response(generate_grpc(N_PROMPT, server.grpc_url, MODEL, stream=False, **N_PARAMS), 4)
     assert over_grpc == first
 
 
@@ -96,8 +99,9 @@ def test_n_samples_streaming(server):
         for index, sample in got.samples.items():
             assert all(c.sample_index == index for c in sample.chunks)
             reasons = [c.finish_reason for c in sample.chunks]
-            assert reasons[-1] in ("length", "stop") and not any(reasons[:-1]), \
+            assert reasons[-1] in ("length", "stop") and not any(reasons[:-1]), (
                 f"sample {index}: finish_reason must come on its last response only, got {reasons}"
+            )
         assert got.chunks[-1].is_final
         assert sum(c.is_final for c in got.chunks) == 1
         return {i: (s.text, s.token_ids) for i, s in got.samples.items()}
@@ -108,4 +112,4 @@ def test_n_samples_streaming(server):
     # The same seed gives the same samples whether streamed or not.
     whole = _samples_of_one_response(generate_http(N_PROMPT, server.http_url, MODEL, **N_PARAMS), 4)
     for index, text, ids in whole:
-        assert first[index] == (text[len(N_PROMPT):], ids)
+        assert first[index] == (text[len(N_PROMPT) :], ids)

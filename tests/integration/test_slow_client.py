@@ -1,6 +1,7 @@
 """A client that opens a stream and never reads it stalls nobody: other streams finish with exact output
 beside it, the stalled request still finishes generating (its KV blocks come back), and what the server holds
 for it is bounded by its own output (max_tokens), not by how long the client stays silent."""
+
 from __future__ import annotations
 
 import json
@@ -24,14 +25,22 @@ OTHERS = MIXED_CASES[:4]
 
 def open_stalled_stream(server, max_tokens: int) -> socket.socket:
     """POST generate_stream on a raw socket with a tiny receive buffer, then never read."""
-    body = json.dumps({"text_input": "Write a very long story about the sea.", "max_tokens": max_tokens,
-                       "ignore_eos": True, "temperature": 0, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "text_input": "Write a very long story about the sea.",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+    ).encode()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.http_port))
     sock.sendall(
         f"POST /v2/models/{MODEL}/generate_stream HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     return sock
 

@@ -1,5 +1,6 @@
 """A KV cache too small for the load: sequences are preempted and recomputed, and every output still equals
 the reference."""
+
 import pytest
 
 from client import ServerError, generate_grpc

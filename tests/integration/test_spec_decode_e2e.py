@@ -1,5 +1,6 @@
 """Speculative decoding through the real server: greedy output with a draft model and with n-gram drafts
 equals transformers `generate` for 24 concurrent prompts; an identical draft is always accepted."""
+
 import pytest
 
 from client import stream_grpc
@@ -51,8 +52,9 @@ def test_identical_draft_accepts_all_and_emits_k_plus_one(server, reference):
     before = server.metrics()
 
     def one(prompt):
-        return stream_grpc(prompt, server.grpc_url, model, max_tokens=1 + rounds * (k + 1), temperature=0.0,
-                           ignore_eos=True).completion()
+        return stream_grpc(
+            prompt, server.grpc_url, model, max_tokens=1 + rounds * (k + 1), temperature=0.0, ignore_eos=True
+        ).completion()
 
     results = run_concurrently(one, [(p,) for p in prompts])
     raise_first_error(results, "stream")
@@ -71,5 +73,7 @@ def test_identical_draft_accepts_all_and_emits_k_plus_one(server, reference):
     after = server.settled_metrics(model)
     for position in range(k):
         name = "llm_spec_decode_num_accepted_tokens_per_pos_total"
-        assert after.get(name, model, position=str(position)) - before.get(name, model, position=str(position)) \
+        assert (
+            after.get(name, model, position=str(position)) - before.get(name, model, position=str(position))
             == len(prompts) * rounds
+        )

@@ -4,6 +4,7 @@ as the non-streamed greedy answer), and several concurrent requests show up in t
 prefill chunks and decodes sharing steps. A screenshot is kept in the test's temporary folder.
 
 No browser is a failure, not a skip: `make browser` installs Debian's chromium (or set CHROMIUM)."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,12 @@ from headless_browser import HeadlessBrowser, find_chromium
 
 PROMPT = "Name three colours of the rainbow."
 # Longer than the `llm` variant's 64-token budget, so its prompt is prefilled in more than one chunk.
-LONG_PROMPT = ("Here is a list of the planets of the solar system in order from the sun, with one fact about "
-               "each: Mercury is the smallest, Venus is the hottest, Earth has liquid water, Mars is red, "
-               "Jupiter is the largest, Saturn has bright rings, Uranus rolls on its side, and Neptune is the "
-               "windiest. Which planet would you visit first, and why?")
+LONG_PROMPT = (
+    "Here is a list of the planets of the solar system in order from the sun, with one fact about "
+    "each: Mercury is the smallest, Venus is the hottest, Earth has liquid water, Mars is red, "
+    "Jupiter is the largest, Saturn has bright rings, Uranus rolls on its side, and Neptune is the "
+    "windiest. Which planet would you visit first, and why?"
+)
 COPIES = 4
 
 # Per batch-view row: its key, and each step cell's kind and range.
@@ -45,16 +48,22 @@ def front_door(server) -> str:
 def browser():
     binary = find_chromium()
     if binary is None:
-        pytest.fail("no headless browser for the web page test: run `make browser` (Debian: apt-get install -y "
-                    "chromium) or set CHROMIUM to a Chromium/Chrome binary", pytrace=False)
+        pytest.fail(
+            "no headless browser for the web page test: run `make browser` (Debian: apt-get install -y "
+            "chromium) or set CHROMIUM to a Chromium/Chrome binary",
+            pytrace=False,
+        )
     with HeadlessBrowser(binary) as page:
         yield page
 
 
 def chat(front_door: str, model: str, prompt: str, **params) -> str:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], **params}
-    request = urllib.request.Request(f"{front_door}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{front_door}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=120) as resp:
         return json.load(resp)["choices"][0]["message"]["content"]
 
@@ -64,8 +73,9 @@ def set_params(page: HeadlessBrowser, **values) -> None:
         page.fill(f"#{name}", str(value))
 
 
-def test_page_streams_a_typed_prompt_and_shows_concurrent_requests_in_the_batch(browser, front_door, tmp_path,
-                                                                                record_property):
+def test_page_streams_a_typed_prompt_and_shows_concurrent_requests_in_the_batch(
+    browser, front_door, tmp_path, record_property
+):
     page = browser
     page.open(f"{front_door}/")
     page.wait_for("document.getElementById('batch-status').dataset.state === 'live'", 30)
@@ -94,8 +104,11 @@ def test_page_streams_a_typed_prompt_and_shows_concurrent_requests_in_the_batch(
     page.fill("#prompt", f"({uuid.uuid4().hex[:8]}) {LONG_PROMPT}")  # nothing but the chat template is cached
     set_params(page, max_tokens=12, copies=COPIES)
     page.click("#send")
-    page.wait_for(f"document.querySelectorAll('#outputs .output').length === {1 + COPIES} && "
-                  "[...document.querySelectorAll('#outputs .output')].every(c => c.dataset.state === 'done')", 180)
+    page.wait_for(
+        f"document.querySelectorAll('#outputs .output').length === {1 + COPIES} && "
+        "[...document.querySelectorAll('#outputs .output')].every(c => c.dataset.state === 'done')",
+        180,
+    )
     time.sleep(0.5)  # the last steps' records reach the page
     page.evaluate("batch.dirty = true, renderBatch()")
     screenshot = page.screenshot(tmp_path / "batch_view.png")
@@ -110,16 +123,22 @@ def test_page_streams_a_typed_prompt_and_shows_concurrent_requests_in_the_batch(
         assert kinds == sorted(kinds, key=lambda k: k != "prefill"), row
         chunks = [c for c in row["cells"] if c["kind"] == "prefill"]
         assert all(a["end"] == b["start"] for a, b in zip(chunks, chunks[1:])), row
-    chunked = [r for r in both if len([c for c in r["cells"] if c["kind"] == "prefill"]) >= 2
-               and r["cells"][0]["end"] - r["cells"][0]["start"] == budget]  # (the chat template's start may be cached)
+    chunked = [
+        r
+        for r in both
+        if len([c for c in r["cells"] if c["kind"] == "prefill"]) >= 2
+        and r["cells"][0]["end"] - r["cells"][0]["start"] == budget
+    ]  # (the chat template's start may be cached)
     assert chunked, "no prompt was shown prefilled in chunks of the token budget"
     columns: dict[int, set] = {}
     for row in rows:
         for cell in row["cells"]:
             columns.setdefault(cell["column"], set()).add(cell["kind"])
     assert any(len(kinds) == 2 for kinds in columns.values()), "no step mixed a prefill chunk with decodes"
-    tokens = page.evaluate("[...document.querySelectorAll('#batch-grid tfoot tr[data-stat=tokens] td')]"
-                           ".slice(1).map(td => Number(td.textContent))")
+    tokens = page.evaluate(
+        "[...document.querySelectorAll('#batch-grid tfoot tr[data-stat=tokens] td')]"
+        ".slice(1).map(td => Number(td.textContent))"
+    )
     assert tokens and max(tokens) <= budget and max(tokens) > 1
     kv = page.evaluate("document.getElementById('stat-kv-text').textContent")
     assert kv.split("/")[1].strip().isdigit(), kv

@@ -1,5 +1,6 @@
 """Driving the KV block pool in unit tests as an engine step would: sequences, admission with the prefix cache,
 computing tokens and registering full blocks."""
+
 from __future__ import annotations
 
 from collections import Counter

@@ -1,5 +1,6 @@
 """Shared fixtures for the engine unit tests: tiny random Hugging Face models (with the real SmolLM2
 tokenizer, so detokenization is real) and Hugging Face greedy references."""
+
 from __future__ import annotations
 
 import shutil
@@ -33,8 +34,12 @@ def _tiny_config(family: str, **overrides):
         kwargs = dict(n_embd=64, n_layer=2, n_head=4, n_positions=512, n_inner=128)
         return transformers.GPT2Config(**{**common, **kwargs, **overrides})
     kwargs = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
     )
     cls = {
         "llama": transformers.LlamaConfig,
@@ -123,8 +128,15 @@ def make_engine(tiny_llama):
     from backend import EngineConfig, LLMEngine
 
     def get(**overrides) -> LLMEngine:
-        settings = dict(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256, max_num_batched_tokens=64,
-                        max_num_seqs=16, seed=1234)
+        settings = dict(
+            model=tiny_llama,
+            dtype="float32",
+            block_size=4,
+            kv_cache_blocks=256,
+            max_num_batched_tokens=64,
+            max_num_seqs=16,
+            seed=1234,
+        )
         settings.update(overrides)
         key = tuple(sorted(settings.items()))
         if key not in engines:

@@ -1,5 +1,6 @@
 """Running the engine in unit tests (the `make_engine` fixture is in conftest.py): prompts, greedy parameters,
 stepping requests to the end, and the check that nothing is left behind."""
+
 from __future__ import annotations
 
 from backend import LLMEngine, SamplingParams

@@ -1,6 +1,7 @@
 """The additional outputs in Triton's vLLM backend's terms: what a response holds for which flags
 (backend/engine/output_sender.py), the cumulative logprob the engine keeps per sample (with n > 1 and speculation),
 and the front door reading the vLLM shapes back (frontend/triton_stream.py)."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 
 from backend import EngineConfig, LLMEngine, SamplingParams
-from backend.serving.response_tensors import TokenTexts, response_arrays, vllm_logprobs
 from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
 from backend.protocol.wire import OPTIONAL_OUTPUTS
+from backend.serving.response_tensors import TokenTexts, response_arrays, vllm_logprobs
 from frontend.triton_stream import _deltas
 
 ALWAYS = {"text_output", "output_ids", "sample_index"}
@@ -24,7 +25,8 @@ def entry(token_id, logprob, rank, top=None) -> dict:
     return e
 
 
-def output(samples, params=SamplingParams(logprobs=1), num_input=4) -> RequestOutput:
+def output(samples, params=None, num_input=4) -> RequestOutput:
+    params = params if params is not None else SamplingParams(logprobs=1)
     request = Request("r", "p", [1] * num_input, params, stream=True)
     return RequestOutput("r", samples, num_input, False, None, request)
 
@@ -37,8 +39,10 @@ def test_vllm_logprobs_sampled_token_first_then_the_top_by_rank():
     inside = entry(7, -0.1, 1, {7: -0.1, 3: -2.5})
     outside = entry(9, -4.0, 12, {7: -0.2, 3: -1.9})
     got = vllm_logprobs([inside, outside], text_of)
-    assert got[0] == {"7": {"logprob": -0.1, "rank": 1, "decoded_token": "<7>"},
-                      "3": {"logprob": -2.5, "rank": 2, "decoded_token": "<3>"}}
+    assert got[0] == {
+        "7": {"logprob": -0.1, "rank": 1, "decoded_token": "<7>"},
+        "3": {"logprob": -2.5, "rank": 2, "decoded_token": "<3>"},
+    }
     assert list(got[1]) == ["9", "7", "3"]  # logprobs + 1 keys when the sampled token is not among the top
     assert [v["rank"] for v in got[1].values()] == [12, 1, 2]
     assert vllm_logprobs([entry(5, -0.3, 2)], text_of) == [{"5": {"logprob": -0.3, "rank": 2, "decoded_token": "<5>"}}]
@@ -46,8 +50,7 @@ def test_vllm_logprobs_sampled_token_first_then_the_top_by_rank():
 
 
 def test_a_response_holds_only_the_outputs_asked_for():
-    sample = SampleOutput(0, "ab", [7, 9], None, 5, [entry(7, -0.1, 1, {7: -0.1}), entry(9, -1.0, 2, {4: -0.5})],
-                          -1.1)
+    sample = SampleOutput(0, "ab", [7, 9], None, 5, [entry(7, -0.1, 1, {7: -0.1}), entry(9, -1.0, 2, {4: -0.5})], -1.1)
     assert set(response_arrays(output([sample]), [sample], frozenset(), text_of)) == ALWAYS
     for name in OPTIONAL_OUTPUTS:
         assert set(response_arrays(output([sample]), [sample], frozenset({name}), text_of)) == ALWAYS | {name}
@@ -64,8 +67,9 @@ def test_a_response_holds_only_the_outputs_asked_for():
 def test_null_logprobs_finish_reasons_and_samples_side_by_side():
     done = SampleOutput(0, "x", [3], FinishReason.STOP, 1, None, -0.5)
     cut = SampleOutput(1, "yz", [4, 5], FinishReason.LENGTH, 2, None, -0.7)
-    arrays = response_arrays(output([done, cut], SamplingParams()), [done, cut], frozenset(OPTIONAL_OUTPUTS),
-                             text_of, prefix="P: ")
+    arrays = response_arrays(
+        output([done, cut], SamplingParams()), [done, cut], frozenset(OPTIONAL_OUTPUTS), text_of, prefix="P: "
+    )
     assert arrays["logprobs"].tolist() == [b"null", b"null"]  # return_logprobs without `logprobs`
     assert arrays["finish_reason"].tolist() == [b"stop", b"length"]
     assert arrays["num_output_tokens"].tolist() == [1, 2] and arrays["sample_index"].tolist() == [0, 1]
@@ -88,6 +92,7 @@ def test_token_texts_decode_each_token_once():
 
 # ---------------------------------------------------------------------------------------- engine
 
+
 @pytest.fixture(scope="module")
 def engines(tiny_llama):
     cache = {}
@@ -95,8 +100,18 @@ def engines(tiny_llama):
     def get(**overrides) -> LLMEngine:
         key = tuple(sorted(overrides.items()))
         if key not in cache:
-            cache[key] = LLMEngine(EngineConfig(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256,
-                                                max_num_batched_tokens=64, max_num_seqs=16, seed=1, **overrides))
+            cache[key] = LLMEngine(
+                EngineConfig(
+                    model=tiny_llama,
+                    dtype="float32",
+                    block_size=4,
+                    kv_cache_blocks=256,
+                    max_num_batched_tokens=64,
+                    max_num_seqs=16,
+                    seed=1,
+                    **overrides,
+                )
+            )
         return cache[key]
 
     return get
@@ -138,6 +153,7 @@ def test_cumulative_logprob_is_the_running_sum_per_sample(engines, spec):
 
 # ---------------------------------------------------------------------------------------- front door
 
+
 class _Result:
     def __init__(self, arrays):
         self.arrays = arrays
@@ -148,16 +164,23 @@ class _Result:
 
 def test_the_front_door_reads_the_vllm_shapes_back():
     totals: dict[int, int] = {}
-    first = SampleOutput(1, "ab", [7, 9], None, 2, [entry(7, -0.1, 1, {7: -0.1, 3: -2.0}),
-                                                      entry(9, -3.0, 5, {4: -0.5, 6: -0.9})])
+    first = SampleOutput(
+        1, "ab", [7, 9], None, 2, [entry(7, -0.1, 1, {7: -0.1, 3: -2.0}), entry(9, -3.0, 5, {4: -0.5, 6: -0.9})]
+    )
     last = SampleOutput(1, "c", [8], FinishReason.LENGTH, 3, [entry(8, -0.2, 1, {8: -0.2, 4: -2.2})])
     wanted = frozenset(OPTIONAL_OUTPUTS)
-    deltas = [d for s in (first, last)
-              for d in _deltas(_Result(response_arrays(output([s]), [s], wanted, text_of)), 2, None, totals)]
-    assert [(d.index, d.text, d.token_ids, d.num_output_tokens, d.finish_reason, d.num_input_tokens)
-            for d in deltas] == [(1, "ab", [7, 9], 2, None, 4), (1, "c", [8], 3, "length", 4)]
-    assert deltas[0].logprobs == [{"token_id": 7, "logprob": -0.1, "top_logprobs": {7: -0.1, 3: -2.0}},
-                                  {"token_id": 9, "logprob": -3.0, "top_logprobs": {4: -0.5, 6: -0.9}}]
+    deltas = [
+        d
+        for s in (first, last)
+        for d in _deltas(_Result(response_arrays(output([s]), [s], wanted, text_of)), 2, None, totals)
+    ]
+    assert [
+        (d.index, d.text, d.token_ids, d.num_output_tokens, d.finish_reason, d.num_input_tokens) for d in deltas
+    ] == [(1, "ab", [7, 9], 2, None, 4), (1, "c", [8], 3, "length", 4)]
+    assert deltas[0].logprobs == [
+        {"token_id": 7, "logprob": -0.1, "top_logprobs": {7: -0.1, 3: -2.0}},
+        {"token_id": 9, "logprob": -3.0, "top_logprobs": {4: -0.5, 6: -0.9}},
+    ]
     plain = _deltas(_Result(response_arrays(output([last]), [last], wanted - {"logprobs"}, text_of)), None, None, {})
     assert plain[0].logprobs is None and plain[0].prompt_logprobs is None
 
@@ -170,12 +193,22 @@ def test_prompt_logprobs_go_out_once_in_vllm_shape_and_come_back():
     carrying = RequestOutput("r", [sample], 3, False, None, output([sample]).request, scored)
     arrays = response_arrays(carrying, [sample], frozenset({"prompt_logprobs"}), text_of)
     assert json.loads(arrays["prompt_logprobs"][0]) == [
-        None, {"5": {"logprob": -1.5, "rank": 3, "decoded_token": "<5>"},
-               "2": {"logprob": -0.5, "rank": 1, "decoded_token": "<2>"}},
-        {"6": {"logprob": -0.25, "rank": 1, "decoded_token": "<6>"},
-         "2": {"logprob": -2.0, "rank": 2, "decoded_token": "<2>"}}]
+        None,
+        {
+            "5": {"logprob": -1.5, "rank": 3, "decoded_token": "<5>"},
+            "2": {"logprob": -0.5, "rank": 1, "decoded_token": "<2>"},
+        },
+        {
+            "6": {"logprob": -0.25, "rank": 1, "decoded_token": "<6>"},
+            "2": {"logprob": -2.0, "rank": 2, "decoded_token": "<2>"},
+        },
+    ]
     assert response_arrays(output([sample]), [sample], frozenset({"prompt_logprobs"}), text_of)[
-        "prompt_logprobs"].tolist() == [b"null"]
+        "prompt_logprobs"
+    ].tolist() == [b"null"]
     (delta,) = _deltas(_Result(response_arrays(carrying, [sample], frozenset(OPTIONAL_OUTPUTS), text_of)), None, 1, {})
-    assert delta.prompt_logprobs == [None, {"token_id": 5, "logprob": -1.5, "top_logprobs": {2: -0.5}},
-                                     {"token_id": 6, "logprob": -0.25, "top_logprobs": {6: -0.25}}]
+    assert delta.prompt_logprobs == [
+        None,
+        {"token_id": 5, "logprob": -1.5, "top_logprobs": {2: -0.5}},
+        {"token_id": 6, "logprob": -0.25, "top_logprobs": {6: -0.25}},
+    ]

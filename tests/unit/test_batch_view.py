@@ -2,6 +2,7 @@
 ranges, decodes, speculative verifications), none built when nobody watches, bounded watcher queues that
 drop the oldest record, and the watch stream's life cycle (records out, ends on cancel, close or a failed
 send)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,15 @@ def make_engine(tiny_llama):
     engines: dict = {}
 
     def get(**overrides) -> LLMEngine:
-        settings = dict(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=128,
-                        max_num_batched_tokens=16, max_num_seqs=8, seed=7)
+        settings = dict(
+            model=tiny_llama,
+            dtype="float32",
+            block_size=4,
+            kv_cache_blocks=128,
+            max_num_batched_tokens=16,
+            max_num_seqs=8,
+            seed=7,
+        )
         settings.update(overrides)
         key = tuple(sorted(settings.items()))
         if key not in engines:
@@ -82,7 +90,9 @@ def test_records_show_prefill_chunks_with_ranges_then_decodes(make_engine):
 
 def test_describe_is_the_log_line(make_engine):
     engine = make_engine()
-    request = engine.build_request("viz", "Seen by no other test: " + PROMPT, SamplingParams(temperature=0, max_tokens=2))
+    request = engine.build_request(
+        "viz", "Seen by no other test: " + PROMPT, SamplingParams(temperature=0, max_tokens=2)
+    )
     engine.add_request(request)
     total = len(request.prompt_token_ids)
     sched = engine.scheduler.schedule()
@@ -94,8 +104,7 @@ def test_describe_is_the_log_line(make_engine):
 
 
 def test_speculative_verifications_carry_drafted_and_accepted(make_engine):
-    engine = make_engine(draft_model="self", draft_dtype="float32", num_speculative_tokens=3,
-                         max_num_batched_tokens=64)
+    engine = make_engine(draft_model="self", draft_dtype="float32", num_speculative_tokens=3, max_num_batched_tokens=64)
     request = engine.build_request("spec", PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     records = run_watched(engine, [request])
     verifies = [c for c in seq_cells(records, "spec") if c["kind"] == VERIFY]
@@ -131,7 +140,8 @@ def test_an_unread_watcher_drops_its_oldest_records_and_never_blocks_the_engine(
         engine.watchers.remove(watcher)
     assert len(records) == 4 and watcher.dropped == 20 - 4  # 20 steps: one prefill, 19 decodes
     assert records[-1]["seqs"][0]["finished"] and [r["step"] for r in records] == list(
-        range(records[0]["step"], records[0]["step"] + 4))
+        range(records[0]["step"], records[0]["step"] + 4)
+    )
     assert not engine.watchers.active
 
 
@@ -177,8 +187,15 @@ class FakeClient:
         self.sent.append(json.loads(text))
 
     def stream(self, watchers: StepWatchers, capacity: int = 512) -> WatchStream:
-        return WatchStream(watchers, {"type": "config", "token_budget": 16}, self.send, lambda: self.cancelled,
-                           self.finished.set, poll_s=0.01, capacity=capacity).start()
+        return WatchStream(
+            watchers,
+            {"type": "config", "token_budget": 16},
+            self.send,
+            lambda: self.cancelled,
+            self.finished.set,
+            poll_s=0.01,
+            capacity=capacity,
+        ).start()
 
 
 def wait_until(predicate, timeout_s: float = 5.0) -> None:
@@ -221,10 +238,19 @@ def test_watch_stream_ends_on_close_and_on_a_failed_send():
     wait_until(lambda: not watchers.active)
 
 
-@pytest.mark.parametrize("parameters, expected", [
-    ("", False), ("{}", False), ('{"max_tokens": 4}', False), ('{"batch_view": true}', True),
-    ('{"batch_view": "true"}', True), ('{"batch_view": false}', False), ('{"batch_view": 1}', False),
-    ("not json batch_view", False), ('["batch_view"]', False),
-])
+@pytest.mark.parametrize(
+    "parameters, expected",
+    [
+        ("", False),
+        ("{}", False),
+        ('{"max_tokens": 4}', False),
+        ('{"batch_view": true}', True),
+        ('{"batch_view": "true"}', True),
+        ('{"batch_view": false}', False),
+        ('{"batch_view": 1}', False),
+        ("not json batch_view", False),
+        ('["batch_view"]', False),
+    ],
+)
 def test_is_watch_request(parameters, expected):
     assert is_watch_request(parameters) is expected

@@ -1,6 +1,7 @@
 """backend/core/block_manager.py: the KV block pool's accounting: allocation, reference counts, fork +
 copy-on-write and trimming; plus a property-based test that drives random operation sequences against a shadow
 copy of the KV contents (the prefix cache's own tests: test_block_manager_prefix_cache.py)."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -15,6 +16,7 @@ from backend.core.block_manager import BlockManager
 from backend.core.request import Sequence
 
 # ------------------------------------------------------------------------------------------ allocation
+
 
 def test_allocate_and_free():
     bm = BlockManager(8, SIZE)
@@ -61,6 +63,7 @@ def test_double_free_is_detected():
 
 # ----------------------------------------------------------------------------------- fork, CoW, trim
 
+
 def test_fork_shares_and_copy_on_write():
     bm = BlockManager(8, SIZE)
     parent = admit_and_compute(bm, list(range(6)))  # blocks [full, 2 of 4]
@@ -86,9 +89,7 @@ def test_fork_shares_and_copy_on_write():
     assert child.block_table == [head, tail]
     assert bm.take_pending_copies() == [(tail, new_tail)]
     assert bm.pending_copies == [] and bm.take_pending_copies() == []
-    assert refs_from_tables(parent, child) == Counter(
-        {b.block_id: b.ref_count for b in bm.blocks if b.ref_count}
-    )
+    assert refs_from_tables(parent, child) == Counter({b.block_id: b.ref_count for b in bm.blocks if b.ref_count})
 
 
 def test_fork_at_a_block_boundary_needs_no_copy():

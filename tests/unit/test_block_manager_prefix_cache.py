@@ -1,5 +1,6 @@
 """backend/core/block_manager.py's prefix cache: chained hashes, longest match, revival of freed blocks, LRU
 eviction, duplicates, and caching switched off."""
+
 from __future__ import annotations
 
 from block_pool import SIZE, admit_and_compute, compute, new_seq
@@ -7,6 +8,7 @@ from block_pool import SIZE, admit_and_compute, compute, new_seq
 from backend.core.block_manager import BlockManager, chain_hash
 
 # ----------------------------------------------------------------------------------------- prefix cache
+
 
 def test_chain_hash_depends_on_parent():
     tokens = (1, 2, 3, 4)

@@ -24,8 +24,8 @@ from client import (
 from client.__main__ import parse_args, request_kwargs
 from client.http_generate import _error_text
 
-
 # ---------------------------------------------------------------------------------------------- SSE parsing
+
 
 def test_parse_sse_events():
     lines = [b'data: {"a": 1}\n', b"\n", b'data: {"b": 2}\r\n', b"\r\n"]
@@ -50,18 +50,35 @@ def test_error_text_variants():
 
 # ---------------------------------------------------------------------------------------------- inputs
 
+
 def _grpc_inputs(*args, **kwargs):
     return {i.name(): i for i in build_inputs(*args, **kwargs)}
 
 
 def test_build_inputs_grpc_dtypes_and_shapes():
-    inputs = _grpc_inputs("Hi", True, {"top_p": 0.9}, max_tokens=8, temperature=0.5, seed=2**63 + 1,
-                          stop=["\n", "END"], ignore_eos=True, top_k=None, n=2)
+    inputs = _grpc_inputs(
+        "Hi",
+        True,
+        {"top_p": 0.9},
+        max_tokens=8,
+        temperature=0.5,
+        seed=2**63 + 1,
+        stop=["\n", "END"],
+        ignore_eos=True,
+        top_k=None,
+        n=2,
+    )
     spec = {name: (i.datatype(), i.shape()) for name, i in inputs.items()}
     assert spec == {
-        "text_input": ("BYTES", [1]), "stream": ("BOOL", [1]), "sampling_parameters": ("BYTES", [1]),
-        "max_tokens": ("INT32", [1]), "temperature": ("FP32", [1]), "seed": ("UINT64", [1]),
-        "stop": ("BYTES", [2]), "ignore_eos": ("BOOL", [1]), "n": ("INT32", [1]),
+        "text_input": ("BYTES", [1]),
+        "stream": ("BOOL", [1]),
+        "sampling_parameters": ("BYTES", [1]),
+        "max_tokens": ("INT32", [1]),
+        "temperature": ("FP32", [1]),
+        "seed": ("UINT64", [1]),
+        "stop": ("BYTES", [2]),
+        "ignore_eos": ("BOOL", [1]),
+        "n": ("INT32", [1]),
     }
     assert np.frombuffer(inputs["seed"]._get_content(), np.uint64)[0] == 2**63 + 1
     assert np.frombuffer(inputs["max_tokens"]._get_content(), np.int32)[0] == 8
@@ -91,7 +108,11 @@ def test_build_inputs_unknown_key_guesses_dtype():
 def test_build_inputs_http():
     inputs = {i.name(): i for i in build_inputs("Hi", True, None, protocol="http", max_tokens=4, stop=["a"])}
     assert {n: (i.datatype(), i.shape()) for n, i in inputs.items()} == {
-        "text_input": ("BYTES", [1]), "stream": ("BOOL", [1]), "max_tokens": ("INT32", [1]), "stop": ("BYTES", [1])}
+        "text_input": ("BYTES", [1]),
+        "stream": ("BOOL", [1]),
+        "max_tokens": ("INT32", [1]),
+        "stop": ("BYTES", [1]),
+    }
 
 
 def test_build_inputs_bad_protocol():
@@ -101,31 +122,64 @@ def test_build_inputs_bad_protocol():
 
 def test_http_body():
     body = http_body("Hi", True, {"max_tokens": 3}, temperature=0.1, seed=None, stop=["x"])
-    assert body == {"text_input": "Hi", "stream": True, "sampling_parameters": '{"max_tokens": 3}',
-                    "temperature": 0.1, "stop": ["x"]}
+    assert body == {
+        "text_input": "Hi",
+        "stream": True,
+        "sampling_parameters": '{"max_tokens": 3}',
+        "temperature": 0.1,
+        "stop": ["x"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------- results
 
+
 def test_chunk_from_json_scalars_and_lists():
-    c = chunk_from_outputs({"text_output": "abc", "output_ids": 7, "finish_reason": ["stop"], "num_input_tokens": 3,
-                            "num_output_tokens": [1], "sample_index": 2, "model_name": "llm"}, 1.5)
+    c = chunk_from_outputs(
+        {
+            "text_output": "abc",
+            "output_ids": 7,
+            "finish_reason": ["stop"],
+            "num_input_tokens": 3,
+            "num_output_tokens": [1],
+            "sample_index": 2,
+            "model_name": "llm",
+        },
+        1.5,
+    )
     assert (c.text, c.token_ids, c.finish_reason, c.sample_index, c.num_input_tokens, c.num_output_tokens) == (
-        "abc", [7], "stop", 2, 3, 1)
+        "abc",
+        [7],
+        "stop",
+        2,
+        3,
+        1,
+    )
     assert c.received_at == 1.5 and not c.is_final
 
 
 def test_chunk_from_numpy():
-    c = chunk_from_outputs({"text_output": np.array([b"h\xc3\xa9", b"!"], dtype=np.object_),
-                            "output_ids": np.array([5, 6], dtype=np.int32),
-                            "finish_reason": np.array([b""], dtype=np.object_)}, 0.0, is_final=True)
+    c = chunk_from_outputs(
+        {
+            "text_output": np.array([b"h\xc3\xa9", b"!"], dtype=np.object_),
+            "output_ids": np.array([5, 6], dtype=np.int32),
+            "finish_reason": np.array([b""], dtype=np.object_),
+        },
+        0.0,
+        is_final=True,
+    )
     assert (c.text, c.token_ids, c.finish_reason, c.is_final, c.num_tokens) == ("hé!", [5, 6], None, True, 2)
 
 
 def test_chunk_finish_reason_none_until_the_end_and_cumulative_logprob():
-    c = chunk_from_outputs({"text_output": np.array([b"a"], dtype=np.object_),
-                            "finish_reason": np.array([b"None"], dtype=np.object_),
-                            "cumulative_logprob": np.array([-1.5], dtype=np.float32)}, 0.0)
+    c = chunk_from_outputs(
+        {
+            "text_output": np.array([b"a"], dtype=np.object_),
+            "finish_reason": np.array([b"None"], dtype=np.object_),
+            "cumulative_logprob": np.array([-1.5], dtype=np.float32),
+        },
+        0.0,
+    )
     assert c.finish_reason is None and c.cumulative_logprob == -1.5
     assert chunk_from_outputs({"text_output": "a"}, 0.0).cumulative_logprob is None
 
@@ -153,16 +207,29 @@ def test_completion_streaming_latencies():
 
 
 def test_completion_non_streaming_uses_reported_count():
-    chunks = [_c(2.0, "prompt + text", [1, 2, 3], num_output_tokens=2, num_input_tokens=5,
-                 finish_reason="length", is_final=True)]
+    chunks = [
+        _c(
+            2.0,
+            "prompt + text",
+            [1, 2, 3],
+            num_output_tokens=2,
+            num_input_tokens=5,
+            finish_reason="length",
+            is_final=True,
+        )
+    ]
     c = Completion.from_chunks(chunks, started_at=1.0)
     assert c.num_output_tokens == 2 and c.num_input_tokens == 5 and c.itl_s == [] and c.ttft_s == c.e2e_s == 1.0
 
 
 def test_completion_samples():
-    chunks = [_c(1.1, "a", [1], sample_index=0), _c(1.2, "x", [9], sample_index=1),
-              _c(1.3, "b", [2], sample_index=0, finish_reason="length"),
-              _c(1.5, "y", [8], sample_index=1, finish_reason="stop"), _c(1.6, is_final=True)]
+    chunks = [
+        _c(1.1, "a", [1], sample_index=0),
+        _c(1.2, "x", [9], sample_index=1),
+        _c(1.3, "b", [2], sample_index=0, finish_reason="length"),
+        _c(1.5, "y", [8], sample_index=1, finish_reason="stop"),
+        _c(1.6, is_final=True),
+    ]
     c = Completion.from_chunks(chunks, started_at=1.0)
     assert sorted(c.samples) == [0, 1]
     assert (c.samples[0].text, c.samples[0].finish_reason) == ("ab", "length")
@@ -178,6 +245,7 @@ def test_completion_no_tokens():
 
 
 # ---------------------------------------------------------------------------------------------- HTTP paths
+
 
 class _Handler(BaseHTTPRequestHandler):
     """generate / generate_stream stand-in: echoes the body's max_tokens as that many events."""
@@ -200,9 +268,18 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/v2/models/missing/generate":
             return self._send(400, json.dumps({"error": "Request for unknown model: 'missing' is not found"}))
         if self.path.endswith("/generate"):
-            return self._send(200, json.dumps({"model_name": "llm", "text_output": body["text_input"] + " ok",
-                                               "output_ids": [1, 2], "finish_reason": "stop",
-                                               "num_output_tokens": 2}))
+            return self._send(
+                200,
+                json.dumps(
+                    {
+                        "model_name": "llm",
+                        "text_output": body["text_input"] + " ok",
+                        "output_ids": [1, 2],
+                        "finish_reason": "stop",
+                        "num_output_tokens": 2,
+                    }
+                ),
+            )
         if n < 1:
             return self._send(400, 'data: {"error":"max_tokens must be >= 1"}\n\n', "text/event-stream")
         events = [{"text_output": f" t{i}", "output_ids": i} for i in range(n)]
@@ -229,9 +306,10 @@ def test_stream_http(http_url):
     assert [c.text for c in chunks] == [" t0", " t1", " t2", ""]
     assert [c.is_final for c in chunks] == [False, False, False, True]
     assert chunks[2].finish_reason == "length" and chunks[1].token_ids == [1]
-    assert bodies[-1] == ("/v2/models/llm/generate_stream",
-                          {"text_input": "Hi", "stream": True, "sampling_parameters": '{"top_k": 1}', "max_tokens": 3,
-                           **DEFAULT_OUTPUTS})
+    assert bodies[-1] == (
+        "/v2/models/llm/generate_stream",
+        {"text_input": "Hi", "stream": True, "sampling_parameters": '{"top_k": 1}', "max_tokens": 3, **DEFAULT_OUTPUTS},
+    )
 
 
 def test_collect_http(http_url):
@@ -254,11 +332,17 @@ def test_generate_http(http_url):
     url, bodies = http_url
     c = generate_http("Hi", url, temperature=0.0)
     assert (c.text, c.token_ids, c.finish_reason, c.num_output_tokens) == ("Hi ok", [1, 2], "stop", 2)
-    assert bodies[-1] == ("/v2/models/llm/generate", {"text_input": "Hi", "stream": False, "temperature": 0.0,
-                                                      **DEFAULT_OUTPUTS})
+    assert bodies[-1] == (
+        "/v2/models/llm/generate",
+        {"text_input": "Hi", "stream": False, "temperature": 0.0, **DEFAULT_OUTPUTS},
+    )
     generate_http("Hi", url, return_finish_reason=None, return_num_input_tokens=False)
-    assert bodies[-1][1] == {"text_input": "Hi", "stream": False, "return_num_input_tokens": False,
-                             "return_num_output_tokens": True}
+    assert bodies[-1][1] == {
+        "text_input": "Hi",
+        "stream": False,
+        "return_num_input_tokens": False,
+        "return_num_output_tokens": True,
+    }
     with pytest.raises(ServerError, match="unknown model"):
         generate_http("Hi", url, model="missing")
 
@@ -270,9 +354,24 @@ def test_unreachable_server():
 
 # ---------------------------------------------------------------------------------------------- CLI
 
+
 def test_cli_sampling_json():
-    args = parse_args(["Hi", "--max-tokens", "5", "--temperature", "0.7", "--stop", r"\n", "--stop", "é",
-                       "--json-params", '{"repetition_penalty": 1.1, "temperature": 0.2}', "--show-stats"])
+    args = parse_args(
+        [
+            "Hi",
+            "--max-tokens",
+            "5",
+            "--temperature",
+            "0.7",
+            "--stop",
+            r"\n",
+            "--stop",
+            "é",
+            "--json-params",
+            '{"repetition_penalty": 1.1, "temperature": 0.2}',
+            "--show-stats",
+        ]
+    )
     kw = request_kwargs(args)
     assert kw["url"] == "localhost:8001" and kw["model"] == "llm"
     assert kw["sampling"] == {"max_tokens": 5, "temperature": 0.2, "stop": ["\n", "é"], "repetition_penalty": 1.1}

@@ -1,5 +1,6 @@
 """backend/core/config.py: EngineConfig.from_parameters parses Triton's string parameters and validates them; every
 error is a ConfigError that names the parameter."""
+
 import dataclasses
 import json
 from pathlib import Path
@@ -23,8 +24,15 @@ def params(model_dir, **extra):
 
 def test_defaults_and_string_values(model_dir):
     config = EngineConfig.from_parameters(
-        params(model_dir, block_size=" 32 ", kv_cache_blocks="100", enable_prefix_caching="false",
-               log_batch_visualization="YES", max_num_seqs="4", dtype="bfloat16")
+        params(
+            model_dir,
+            block_size=" 32 ",
+            kv_cache_blocks="100",
+            enable_prefix_caching="false",
+            log_batch_visualization="YES",
+            max_num_seqs="4",
+            dtype="bfloat16",
+        )
     )
     assert config.block_size == 32 and isinstance(config.block_size, int)
     assert config.kv_cache_blocks == 100
@@ -37,8 +45,10 @@ def test_defaults_and_string_values(model_dir):
     assert config.speculative is False
 
 
-@pytest.mark.parametrize("raw, expected", [("1", True), ("true", True), ("On", True), ("0", False),
-                                           ("FALSE", False), ("off", False), ("no", False)])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [("1", True), ("true", True), ("On", True), ("0", False), ("FALSE", False), ("off", False), ("no", False)],
+)
 def test_bool_spellings(model_dir, raw, expected):
     assert EngineConfig.from_parameters(params(model_dir, enable_prefix_caching=raw)).enable_prefix_caching is expected
 

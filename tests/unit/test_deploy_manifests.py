@@ -7,6 +7,7 @@ The tools come from requirements.txt (`make venv`). A missing tool is a failure 
 skip. tests/integration/test_deploy_probes.py calls the probe paths and metric names the manifests name on the real
 server.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,10 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy import check
+from deploy import check, launch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-from deploy import launch
 
 OVERLAYS = {p.name: p for p in check.overlays()}
 
@@ -50,8 +50,15 @@ def test_the_overlays_are_there():
 def test_overlay_renders_and_validates(rendered, overlay):
     r = rendered[overlay]
     kinds = {o["kind"] for o in r.objects}
-    assert {"Namespace", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-            "ServiceMonitor", "NetworkPolicy"} <= kinds, kinds
+    assert {
+        "Namespace",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+        "ServiceMonitor",
+        "NetworkPolicy",
+    } <= kinds, kinds
     assert all(o["metadata"].get("namespace") == "llm" for o in r.objects if o["kind"] != "Namespace")
     errors, custom = _tool(lambda: check.validate(r))
     assert not errors, "\n".join(errors)
@@ -79,8 +86,10 @@ def test_schema_validation_catches_a_mistake(rendered):
     assert any("readinesProbe" in e for e in errors), errors
 
 
-@pytest.mark.parametrize("mistake", ["pool_port", "hpa_metric", "engine_label", "triton_exposed", "grace",
-                                     "legacy_flag", "liveness_on_triton"])
+@pytest.mark.parametrize(
+    "mistake",
+    ["pool_port", "hpa_metric", "engine_label", "triton_exposed", "grace", "legacy_flag", "liveness_on_triton"],
+)
 def test_cross_check_catches_a_mistake(rendered, mistake):
     r = copy.deepcopy(rendered["inference-gateway"])
     deployment = r.one("Deployment", check.MODEL_SERVER)
@@ -98,7 +107,8 @@ def test_cross_check_catches_a_mistake(rendered, mistake):
         pod["spec"]["terminationGracePeriodSeconds"] = 30
     elif mistake == "legacy_flag":
         r.one("Deployment", "triton-llm-epp")["spec"]["template"]["spec"]["containers"][0]["args"].append(
-            "--total-queued-requests-metric=llm_requests_waiting")
+            "--total-queued-requests-metric=llm_requests_waiting"
+        )
     elif mistake == "liveness_on_triton":
         container["livenessProbe"] = {"httpGet": {"path": "/v2/health/ready", "port": 8000}}
     assert check.cross_check(r), f"{mistake} went unnoticed"
@@ -135,8 +145,9 @@ def test_gpu_overlay_asks_for_a_gpu_and_sets_the_dtype(rendered):
 
 
 def test_check_module_runs_as_a_command():
-    proc = subprocess.run([sys.executable, "-m", "deploy.check"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "deploy.check"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "yamllint:" in proc.stdout and "validated against Kubernetes" in proc.stdout
 

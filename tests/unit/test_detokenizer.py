@@ -1,5 +1,6 @@
 """backend/core/detokenizer.py: incremental detokenization with the real SmolLM2 tokenizer (multi-byte characters
 split across tokens), and stop strings (cut, held back while undecided, never leaked to a stream)."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,7 @@ def stream(detok: IncrementalDetokenizer, ids, finish=True):
 
 
 # ------------------------------------------------------------------------------- multi-byte characters
+
 
 def test_utf8_characters_split_across_tokens(tokenizer):
     text = "héllo 日本語 🙂 emoji"
@@ -102,6 +104,7 @@ def test_incremental_equals_full_decode(tokenizer, text, prompt):
 
 
 # ------------------------------------------------------------------------------------------ stop strings
+
 
 def test_stop_string_spanning_tokens(tokenizer):
     ids = tokenizer(" fooSTOPbar and more").input_ids

@@ -1,6 +1,7 @@
 """backend/engine/llm_engine.py end to end on a tiny random Llama (real SmolLM2 tokenizer): greedy outputs equal Hugging
 Face `generate` under chunked prefill, batching, preemption and prefix caching; streaming, parallel seeded
 samples, stop rules and speculative decoding."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,7 @@ from backend import SamplingParams
 from backend.core.request import FinishReason
 
 # ------------------------------------------------------------------------------------------ correctness
+
 
 def test_greedy_batch_with_chunked_prefill_matches_hf(make_engine, tiny_llama, hf_greedy):
     engine = make_engine(max_num_batched_tokens=16)
@@ -80,8 +82,10 @@ def test_parallel_seeded_samples(make_engine):
 
     def sample_texts(extra_requests=()):
         request = engine.build_request("n3", PROMPTS[1], params)
-        others = [engine.build_request(f"o{i}", p, SamplingParams(temperature=1.0, max_tokens=7))
-                  for i, p in enumerate(extra_requests)]
+        others = [
+            engine.build_request(f"o{i}", p, SamplingParams(temperature=1.0, max_tokens=7))
+            for i, p in enumerate(extra_requests)
+        ]
         out = final(run(engine, [request] + others)["n3"])
         assert [s.sample_index for s in out.samples] == [0, 1, 2]
         return [(tuple(s.token_ids), s.text) for s in out.samples]
@@ -166,13 +170,17 @@ def test_prefix_caching_off_gives_the_same_output(make_engine):
 
 # ------------------------------------------------------------------------------------------ stop rules
 
+
 def test_stop_string_across_tokens(make_engine):
     engine = make_engine()
     base = final(run(engine, [engine.build_request("base", PROMPTS[1], greedy(16))])["base"]).samples[0]
     pieces = [engine.tokenizer.decode([t]) for t in base.token_ids]
     # a stop string made of the end of one token's text and the start of the next one's
-    index = next(i for i in range(1, len(pieces) - 1) if len(pieces[i]) >= 2 and pieces[i + 1]
-                 and "\ufffd" not in pieces[i] + pieces[i + 1])
+    index = next(
+        i
+        for i in range(1, len(pieces) - 1)
+        if len(pieces[i]) >= 2 and pieces[i + 1] and "\ufffd" not in pieces[i] + pieces[i + 1]
+    )
     stop = pieces[index][-2:] + pieces[index + 1][:1]
     cut = base.text.index(stop)
     for stream in (False, True):
@@ -229,19 +237,20 @@ def test_logprobs(make_engine):
 
 def test_min_tokens_and_ignore_eos_reach_max_tokens(make_engine):
     engine = make_engine()
-    request = engine.build_request("mt", PROMPTS[0], SamplingParams(temperature=1.0, seed=3, max_tokens=30,
-                                                                     min_tokens=30, ignore_eos=True))
+    request = engine.build_request(
+        "mt", PROMPTS[0], SamplingParams(temperature=1.0, seed=3, max_tokens=30, min_tokens=30, ignore_eos=True)
+    )
     sample = final(run(engine, [request])["mt"]).samples[0]
     assert sample.num_output_tokens == 30 and sample.finish_reason == FinishReason.LENGTH
 
 
 # ------------------------------------------------------------------------------- speculative decoding
 
+
 @pytest.mark.parametrize("draft", ["self", "ngram"])
 def test_greedy_speculative_decoding_matches_hf(make_engine, tiny_llama, hf_greedy, draft):
     """Speculation must not change greedy outputs, whether drafts are accepted (self) or mostly not (ngram)."""
-    engine = make_engine(draft_model=draft, num_speculative_tokens=3, draft_dtype="float32",
-                         max_num_batched_tokens=32)
+    engine = make_engine(draft_model=draft, num_speculative_tokens=3, draft_dtype="float32", max_num_batched_tokens=32)
     prompts = PROMPTS[1:] + ["a b c a b c a b c a b c a b c a b"]
     requests = [engine.build_request(f"sp{i}", p, greedy(16, n=1)) for i, p in enumerate(prompts)]
     drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total")
@@ -258,12 +267,12 @@ def test_greedy_speculative_decoding_matches_hf(make_engine, tiny_llama, hf_gree
     check_pool_empty(engine)
 
 
-def test_speculation_with_parallel_samples_when_the_last_prompt_chunk_is_one_token(make_engine, tiny_llama,
-                                                                                   hf_greedy):
+def test_speculation_with_parallel_samples_when_the_last_prompt_chunk_is_one_token(make_engine, tiny_llama, hf_greedy):
     prompt = PROMPTS[1]
     length = len(make_engine().input_tokenizer(prompt).input_ids)
-    engine = make_engine(draft_model="self", num_speculative_tokens=2, draft_dtype="float32",
-                         max_num_batched_tokens=length - 1)  # chunks: length - 1 tokens, then 1
+    engine = make_engine(
+        draft_model="self", num_speculative_tokens=2, draft_dtype="float32", max_num_batched_tokens=length - 1
+    )  # chunks: length - 1 tokens, then 1
     request = engine.build_request("spec-n2", prompt, greedy(6, n=2))
     engine.add_request(request)
     outputs = []
@@ -287,8 +296,9 @@ def test_threads_follow_the_step_size(make_engine, monkeypatch):
     engine.threads = (3, 1)  # distinct counts, so the test sees which one each step took
     used = []
     forward = engine.runner.forward
-    monkeypatch.setattr(engine.runner, "forward", lambda items: used.append((len(items), torch.get_num_threads()))
-                        or forward(items))
+    monkeypatch.setattr(
+        engine.runner, "forward", lambda items: used.append((len(items), torch.get_num_threads())) or forward(items)
+    )
     try:
         run(engine, [engine.build_request("one", "Hello there", greedy(3))])
         run(engine, [engine.build_request(f"b{i}", "Hello there", greedy(3)) for i in range(3)])

@@ -1,5 +1,6 @@
 """backend/engine/loop.py: the engine on its own thread: outputs through on_output from the engine thread,
 ServerBusy past max_queue_size, per-request errors, failing callbacks, and shutdown."""
+
 from __future__ import annotations
 
 import threading
@@ -16,7 +17,9 @@ WAIT_S = 60
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama):
-    return LLMEngine(EngineConfig(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256, max_queue_size=256))
+    return LLMEngine(
+        EngineConfig(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256, max_queue_size=256)
+    )
 
 
 @pytest.fixture
@@ -93,10 +96,11 @@ def test_outputs_arrive_from_the_output_sender_thread(engine, loop):
     for i, prompt in enumerate(["Hello there", "A much longer prompt about many things", "x"]):
         collectors[i] = Collector()
         stream = i == 0
-        request = engine.build_request(f"t{i}", prompt, SamplingParams(temperature=0.0, max_tokens=6),
-                                       stream=stream, on_output=collectors[i])
+        request = engine.build_request(
+            f"t{i}", prompt, SamplingParams(temperature=0.0, max_tokens=6), stream=stream, on_output=collectors[i]
+        )
         running.submit(request)
-    for i, c in collectors.items():
+    for c in collectors.values():
         final = c.wait()
         assert final.finished and final.error is None
         assert c.threads == {"llm-output-sender"}  # the engine thread never waits on a client
@@ -120,8 +124,13 @@ def test_a_slow_client_gets_its_waiting_deltas_merged(engine, loop):
             assert _wait_for(lambda: engine.num_steps >= steps_at_start + 11)
         first_delivery(output)
 
-    request = engine.build_request("slow", "Count", SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
-                                   stream=True, on_output=slow_first_delivery)
+    request = engine.build_request(
+        "slow",
+        "Count",
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+        stream=True,
+        on_output=slow_first_delivery,
+    )
     with steps_held_while(engine, lambda: engine.num_steps >= steps_at_start + 20 and len(slow.outputs) < 2):
         running.submit(request)
         final = slow.wait()
@@ -184,8 +193,15 @@ def test_failing_callback_aborts_only_its_request(engine, loop):
         raise RuntimeError("client went away")
 
     good = Collector()
-    running.submit(engine.build_request("broken", "Tell me a long story", SamplingParams(max_tokens=200,
-                   ignore_eos=True), stream=True, on_output=broken))
+    running.submit(
+        engine.build_request(
+            "broken",
+            "Tell me a long story",
+            SamplingParams(max_tokens=200, ignore_eos=True),
+            stream=True,
+            on_output=broken,
+        )
+    )
     running.submit(engine.build_request("good", "Hi", SamplingParams(max_tokens=5), on_output=good))
     assert good.wait().error is None
     deadline = time.monotonic() + WAIT_S
@@ -207,8 +223,16 @@ def test_cancelled_request_through_the_loop(engine, loop):
 
     # after its first output the request makes no progress until the cancellation sweep has seen the flag
     with steps_held_while(engine, lambda: c.first.is_set() and not seen.is_set()):
-        running.submit(engine.build_request("cx", "Count to a thousand", SamplingParams(max_tokens=400,
-                                            ignore_eos=True), stream=True, on_output=c, is_cancelled=is_cancelled))
+        running.submit(
+            engine.build_request(
+                "cx",
+                "Count to a thousand",
+                SamplingParams(max_tokens=400, ignore_eos=True),
+                stream=True,
+                on_output=c,
+                is_cancelled=is_cancelled,
+            )
+        )
         assert c.first.wait(WAIT_S)
         cancel.set()
         final = c.wait()
@@ -221,8 +245,11 @@ def test_shutdown_answers_requests_in_flight(engine, loop):
     first = Collector()
     # after its first output the request makes no progress until shutdown has begun
     with steps_held_while(engine, lambda: first.first.is_set() and not running._stopping.is_set()):
-        running.submit(engine.build_request("long", "Write an essay", SamplingParams(max_tokens=400,
-                                            ignore_eos=True), stream=True, on_output=first))
+        running.submit(
+            engine.build_request(
+                "long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True), stream=True, on_output=first
+            )
+        )
         assert first.first.wait(WAIT_S)
         running.shutdown(timeout_s=WAIT_S)
     assert not running._thread.is_alive()
@@ -250,8 +277,11 @@ def _shutdown_while_first_is_sent(engine, running, first_id: str, second_id: str
 
     engine.step = held_step
     try:
-        running.submit(engine.build_request(first_id, "Hi", SamplingParams(max_tokens=300, ignore_eos=True),
-                                            stream=True, on_output=first))
+        running.submit(
+            engine.build_request(
+                first_id, "Hi", SamplingParams(max_tokens=300, ignore_eos=True), stream=True, on_output=first
+            )
+        )
         assert held.wait(WAIT_S)
         second = Collector()
         running.submit(engine.build_request(second_id, "Hi", SamplingParams(max_tokens=2), on_output=second))
@@ -285,13 +315,19 @@ def test_shutdown_answers_each_request_exactly_once_even_with_duplicate_ids(engi
 
 
 def test_a_dead_engine_thread_answers_every_request_at_once(tiny_llama):
-    engine = LLMEngine(EngineConfig(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256,
-                                    fault_injection="engine_death:DIE"))
+    engine = LLMEngine(
+        EngineConfig(
+            model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=256, fault_injection="engine_death:DIE"
+        )
+    )
     running = EngineLoop(engine)
     long, dying = Collector(), Collector()
     running.start()
-    running.submit(engine.build_request("long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True),
-                                        stream=True, on_output=long))
+    running.submit(
+        engine.build_request(
+            "long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True), stream=True, on_output=long
+        )
+    )
     assert long.first.wait(WAIT_S)
     running.submit(engine.build_request("die", "DIE please", SamplingParams(max_tokens=4), on_output=dying))
     assert dying.wait().error.startswith("the engine stopped after an internal error (InjectedFault: injected")

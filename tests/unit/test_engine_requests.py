@@ -1,5 +1,6 @@
 """backend/engine/llm_engine.py's handling of requests on a tiny random Llama: cancellation and abort, validation
 (lengths, pool size, bad parameters, duplicate ids), injected faults, metrics and block accounting."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,11 +12,13 @@ from backend.core.request import FinishReason
 
 # ----------------------------------------------------------------------------------- cancel and abort
 
+
 def test_cancellation_mid_generation(make_engine):
     """A request marked cancelled (by the loop's output sender) leaves the batch at the next step."""
     engine = make_engine()
-    request = engine.build_request("cx", PROMPTS[1], SamplingParams(n=2, seed=1, max_tokens=50, ignore_eos=True),
-                                   stream=True)
+    request = engine.build_request(
+        "cx", PROMPTS[1], SamplingParams(n=2, seed=1, max_tokens=50, ignore_eos=True), stream=True
+    )
     other = engine.build_request("keep", PROMPTS[0], greedy(8))
     seen: dict[str, list] = {}
     engine.add_request(request)
@@ -63,6 +66,7 @@ def test_abort(make_engine):
 
 
 # ----------------------------------------------------------------------------------------- validation
+
 
 def test_prompt_plus_max_tokens_over_the_model_length(make_engine):
     engine = make_engine()

@@ -1,6 +1,7 @@
 """Scoring and steering in the engine: prompt logprobs (token-id prompts, chunked prefill, the prefix cache,
 parallel samples, max_tokens 0) against transformers' log-softmax, and logit_bias in greedy, sampled and
 speculative decoding."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,8 +45,7 @@ def test_prompt_logprobs_equal_transformers(make_engine, tiny_llama, hf_model_ca
     check_pool_empty(engine)
 
 
-def test_prompt_logprobs_of_a_cached_prefix_and_token_ids_with_max_tokens_zero(make_engine, tiny_llama,
-                                                                               hf_model_cache):
+def test_prompt_logprobs_of_a_cached_prefix_and_token_ids_with_max_tokens_zero(make_engine, tiny_llama, hf_model_cache):
     """A prompt whose blocks are in the prefix cache still gets every logprob (it bypasses the cache); a
     token-id prompt with max_tokens 0 is scored and generates nothing; n samples share one prompt scoring."""
     engine = make_engine()
@@ -68,11 +68,14 @@ def test_prompt_logprobs_of_a_cached_prefix_and_token_ids_with_max_tokens_zero(m
     check_pool_empty(engine)
 
 
-@pytest.mark.parametrize("ids, fragment", [
-    ([], "at least one token id"),
-    ([1, 49152], "token ids from 0 to 49151"),
-    ([-1], "token ids from 0 to 49151"),
-])
+@pytest.mark.parametrize(
+    "ids, fragment",
+    [
+        ([], "at least one token id"),
+        ([1, 49152], "token ids from 0 to 49151"),
+        ([-1], "token ids from 0 to 49151"),
+    ],
+)
 def test_bad_token_id_prompts(make_engine, ids, fragment):
     with pytest.raises(InvalidRequest, match=fragment):
         make_engine().build_request("bad", ids, greedy(2))
@@ -91,8 +94,9 @@ def test_logit_bias_forces_and_forbids(make_engine, tiny_llama, hf_greedy):
     forced = engine.build_request("forced", PROMPTS[1], greedy(6, logit_bias={forced_token: 100.0}))
     reference = hf_greedy(tiny_llama, plain.prompt_token_ids, 6, stop_at_eos=False)
     banned = engine.build_request("banned", PROMPTS[1], greedy(6, logit_bias={reference[0]: -100.0}))
-    sampled = engine.build_request("sampled", PROMPTS[1], SamplingParams(
-        max_tokens=6, temperature=1.0, seed=3, logit_bias={forced_token: 100.0}))
+    sampled = engine.build_request(
+        "sampled", PROMPTS[1], SamplingParams(max_tokens=6, temperature=1.0, seed=3, logit_bias={forced_token: 100.0})
+    )
     results = run(engine, [plain, forced, banned, sampled])
     assert final(results["plain"]).samples[0].token_ids == reference
     assert final(results["forced"]).samples[0].token_ids == [forced_token] * 6
@@ -115,12 +119,15 @@ def test_logit_bias_under_speculation_equals_no_speculation(make_engine, draft):
     check_pool_empty(spec)
 
 
-@pytest.mark.parametrize("values, fragment", [
-    ({"logit_bias": {"5": 101}}, "between -100.0 and 100.0"),
-    ({"logit_bias": {"x": 1}}, "logit_bias key must be an integer"),
-    ({"logit_bias": [1]}, "must be an object"),
-    ({"prompt_logprobs": 21}, "prompt_logprobs must be between 0 and 20"),
-])
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"logit_bias": {"5": 101}}, "between -100.0 and 100.0"),
+        ({"logit_bias": {"x": 1}}, "logit_bias key must be an integer"),
+        ({"logit_bias": [1]}, "must be an object"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs must be between 0 and 20"),
+    ],
+)
 def test_bad_scoring_parameters(values, fragment):
     with pytest.raises(InvalidRequest, match=fragment):
         SamplingParams.from_dict(values)

@@ -1,5 +1,6 @@
 """backend/core/fault_injection.py: the test-only `fault_injection` setting parses kind:marker items and fires only
 for prompts that carry a marker."""
+
 import pytest
 
 from backend.core.config import ConfigError

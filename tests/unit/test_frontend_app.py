@@ -1,6 +1,7 @@
 """frontend/app.py over a real aiohttp server, with a stand-in for the Triton client (the real stack is in
 tests/integration/test_openai_api.py): the body limit (413, nothing forwarded), server-sent events ending in
 [DONE], errors before the first token keeping their status, and a client that leaves cancelling its request."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from backend.protocol.wire import INTERNAL, INVALID_REQUEST, SERVER_BUSY, UNAVAILABLE, error_text
 from frontend import app as app_module
 from frontend.app import Settings, create_app
-from backend.protocol.wire import INTERNAL, INVALID_REQUEST, SERVER_BUSY, UNAVAILABLE, error_text
 from frontend.triton_stream import EngineError, SampleDelta
 
 
@@ -30,7 +31,7 @@ class Tokenizer:
 class FakeLLM:
     """Answers each prompt with `tokens` one-token deltas per sample; records prompts and cancellations."""
 
-    instances: list["FakeLLM"] = []
+    instances: list[FakeLLM] = []
     tokens = 3
     fail: str | None = None  # an engine error to raise before the first delta
     delay_s = 0.0
@@ -92,16 +93,23 @@ def test_whole_and_streamed_answers(front_door):
     async def main():
         server = await front_door()
         async with aiohttp.ClientSession() as session:
-            status, text = await _post(session, server, "/v1/chat/completions",
-                                       {"model": "llm", "messages": [{"role": "user", "content": "hi"}], "n": 2})
+            status, text = await _post(
+                session,
+                server,
+                "/v1/chat/completions",
+                {"model": "llm", "messages": [{"role": "user", "content": "hi"}], "n": 2},
+            )
             body = json.loads(text)
             assert status == 200 and [c["message"]["content"] for c in body["choices"]] == ["t0t1t2"] * 2
             assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
             assert FakeLLM.instances[0].prompts[0] == ("hi", {"n": 2, "max_tokens": 256})
 
-            status, text = await _post(session, server, "/v1/completions",
-                                       {"model": "llm", "prompt": "p", "stream": True,
-                                        "stream_options": {"include_usage": True}})
+            status, text = await _post(
+                session,
+                server,
+                "/v1/completions",
+                {"model": "llm", "prompt": "p", "stream": True, "stream_options": {"include_usage": True}},
+            )
             events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
             assert status == 200 and events[-1] == "[DONE]"
             chunks = [json.loads(e) for e in events[:-1]]
@@ -134,22 +142,32 @@ def test_body_over_the_limit_is_413_and_not_forwarded(front_door):
     run(main())
 
 
-@pytest.mark.parametrize("kind, message, status, type_", [
-    (SERVER_BUSY, "server busy: 4 requests are already waiting (max_queue_size=4); retry later", 503, "server_busy"),
-    (UNAVAILABLE, "the server is shutting down", 503, "service_unavailable"),
-    (INTERNAL, "internal error while generating: boom", 500, "internal_server_error"),
-    (INVALID_REQUEST, "n must be between 1 and 8, got 9", 400, "invalid_request_error"),
-    (None, "unexpected inference input 'x' for model 'llm'", 400, "invalid_request_error"),  # Triton's own
-])
+@pytest.mark.parametrize(
+    "kind, message, status, type_",
+    [
+        (
+            SERVER_BUSY,
+            "server busy: 4 requests are already waiting (max_queue_size=4); retry later",
+            503,
+            "server_busy",
+        ),
+        (UNAVAILABLE, "the server is shutting down", 503, "service_unavailable"),
+        (INTERNAL, "internal error while generating: boom", 500, "internal_server_error"),
+        (INVALID_REQUEST, "n must be between 1 and 8, got 9", 400, "invalid_request_error"),
+        (None, "unexpected inference input 'x' for model 'llm'", 400, "invalid_request_error"),  # Triton's own
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_engine_refusals_keep_their_status_when_streaming(front_door, kind, message, status, type_, stream):
     """The model's error kind (backend/protocol/wire.py) decides the status; the client sees the message alone."""
+
     async def main():
         server = await front_door()
         FakeLLM.fail = error_text(message, kind) if kind else message
         async with aiohttp.ClientSession() as session:
-            got, text = await _post(session, server, "/v1/completions", {"model": "llm", "prompt": "p",
-                                                                        "stream": stream})
+            got, text = await _post(
+                session, server, "/v1/completions", {"model": "llm", "prompt": "p", "stream": stream}
+            )
             error = json.loads(text)["error"]
             assert (got, error["message"], error["type"]) == (status, message, type_)
         await server.close()
@@ -162,8 +180,9 @@ def test_a_client_that_leaves_cancels_its_request(front_door):
         server = await front_door()
         FakeLLM.tokens, FakeLLM.delay_s = 1000, 0.01
         async with aiohttp.ClientSession() as session:
-            async with session.post(server.make_url("/v1/completions"),
-                                    json={"model": "llm", "prompt": "p", "stream": True}) as resp:
+            async with session.post(
+                server.make_url("/v1/completions"), json={"model": "llm", "prompt": "p", "stream": True}
+            ) as resp:
                 await resp.content.readline()
             # leaving the block closes the connection mid-stream
         llm = FakeLLM.instances[0]
@@ -204,17 +223,20 @@ def test_health_models_and_unknown_routes(front_door):
 def test_a_multi_prompt_request_is_admitted_whole_or_refused_whole(front_door):
     """max_queue_size 4 (FakeLLM's config): 5 prompts can never be queued (400); 3 prompts while 2 are
     waiting for their first token is a 503 with Retry-After, and none of the 3 is sent."""
+
     async def main():
         server = await front_door()
         FakeLLM.tokens, FakeLLM.delay_s = 2, 0.5
         async with aiohttp.ClientSession() as session:
             status, text = await _post(session, server, "/v1/completions", {"model": "llm", "prompt": ["p"] * 5})
             assert status == 400 and json.loads(text)["error"]["code"] == "too_many_prompts"
-            waiting = asyncio.ensure_future(_post(session, server, "/v1/completions",
-                                                  {"model": "llm", "prompt": ["a", "b"]}))
+            waiting = asyncio.ensure_future(
+                _post(session, server, "/v1/completions", {"model": "llm", "prompt": ["a", "b"]})
+            )
             await asyncio.sleep(0.2)  # both sent, neither has its first token
-            async with session.post(server.make_url("/v1/completions"),
-                                    json={"model": "llm", "prompt": ["c", "d", "e"]}) as resp:
+            async with session.post(
+                server.make_url("/v1/completions"), json={"model": "llm", "prompt": ["c", "d", "e"]}
+            ) as resp:
                 assert resp.status == 503 and resp.headers["Retry-After"] == "1"
                 assert "2 prompts are already waiting" in (await resp.json())["error"]["message"]
             assert sorted(p for p, _ in FakeLLM.instances[0].prompts) == ["a", "b"]
@@ -239,8 +261,9 @@ def test_api_key(front_door):
             for path in ("/v1/models", "/tokenize"):
                 async with session.request("GET" if path == "/v1/models" else "POST", server.make_url(path)) as resp:
                     assert resp.status == 401
-            async with session.post(server.make_url("/v1/completions"), json=body,
-                                    headers={"Authorization": "Bearer s3cret"}) as resp:
+            async with session.post(
+                server.make_url("/v1/completions"), json=body, headers={"Authorization": "Bearer s3cret"}
+            ) as resp:
                 assert resp.status == 200
             for path in ("/health", "/health/ready", "/metrics"):
                 async with session.get(server.make_url(path)) as resp:

@@ -2,6 +2,7 @@
 first viewer and stopped when the last leaves; records fanned out to every viewer through bounded queues
 (a viewer that does not read loses its oldest records, the others get everything); the SSE route and the
 page's files over a real aiohttp server."""
+
 from __future__ import annotations
 
 import asyncio

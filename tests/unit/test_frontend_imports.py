@@ -2,6 +2,7 @@
 `python -m frontend` does (its main(), with aiohttp's run_app caught instead of serving), with the real model
 folder, starts it (the Triton client is made then, and connects lazily), answers /health and /detokenize, uses
 every tokenizer method, and finds none of them in sys.modules."""
+
 from __future__ import annotations
 
 import subprocess
@@ -45,7 +46,6 @@ SCRIPT = textwrap.dedent("""
 
 def test_the_front_door_imports_no_torch_transformers_or_llguidance():
     script = SCRIPT.format(model_dir=str(SMOL_DIR), heavy=HEAVY)
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "heavy: []" in result.stdout, result.stdout + result.stderr[-4000:]

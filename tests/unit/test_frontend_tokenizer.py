@@ -2,6 +2,7 @@
 decoding, single tokens' text, the chat template's prompt and its errors, for the served model's folder and for
 folders made here to reach what that one does not (a template with tools, several templates, legacy special
 tokens, clean-up of decoded spaces, split special tokens)."""
+
 from __future__ import annotations
 
 import json
@@ -20,22 +21,51 @@ from frontend.tools import conversation, parse_tool_calling
 transformers = pytest.importorskip("transformers")
 
 TEXTS = [
-    "", " ", "   ", "\n", "Hello, world!", "  leading and trailing  ", "line\nbreaks\r\nand\ttabs",
-    "naïve café — “quotes” and ‘single’", "日本語のテキストと中文", "Привет, мир", "مرحبا بالعالم",
-    "emoji 😀👍🏽 family 👨‍👩‍👧 flag 🇫🇷", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "<|endoftext|><|im_start|><|im_end|>", "<repo_name>x<file_sep>y<filename>z", "<|im_start", "im_end|>",
-    "a<|im_end|>b", " <|im_end|> ", "12345 3.14159 -7e10", "def f(x):\n    return x ** 2\n",
-    "\u0000 nul \u200b zero width \ufeff bom", "ﬁ ligature Ω ohm Å angstrom", "don't won't I'm they've we're",
-    "Hello , world . Why ? Yes ! I 'm ok", "{{ not a template }} {% raw %}", "x" * 3000, "word " * 500,
+    "",
+    " ",
+    "   ",
+    "\n",
+    "Hello, world!",
+    "  leading and trailing  ",
+    "line\nbreaks\r\nand\ttabs",
+    "naïve café — “quotes” and ‘single’",
+    "日本語のテキストと中文",
+    "Привет, мир",
+    "مرحبا بالعالم",
+    "emoji 😀👍🏽 family 👨‍👩‍👧 flag 🇫🇷",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|><|im_start|><|im_end|>",
+    "<repo_name>x<file_sep>y<filename>z",
+    "<|im_start",
+    "im_end|>",
+    "a<|im_end|>b",
+    " <|im_end|> ",
+    "12345 3.14159 -7e10",
+    "def f(x):\n    return x ** 2\n",
+    "\u0000 nul \u200b zero width \ufeff bom",
+    "ﬁ ligature Ω ohm Å angstrom",
+    "don't won't I'm they've we're",
+    "Hello , world . Why ? Yes ! I 'm ok",
+    "{{ not a template }} {% raw %}",
+    "x" * 3000,
+    "word " * 500,
 ]
 CHATS = [
     [{"role": "user", "content": "Hello!"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}],
-    [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Arr!"}, {"role": "user", "content": "Where's the treasure?"}],
-    [{"role": "user", "content": "first"}, {"role": "assistant", "content": "second"},
-     {"role": "user", "content": "third"}, {"role": "assistant", "content": "fourth"},
-     {"role": "user", "content": "fifth"}],
+    [
+        {"role": "system", "content": "You are a pirate."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Arr!"},
+        {"role": "user", "content": "Where's the treasure?"},
+    ],
+    [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "second"},
+        {"role": "user", "content": "third"},
+        {"role": "assistant", "content": "fourth"},
+        {"role": "user", "content": "fifth"},
+    ],
     [{"role": "user", "content": "emoji 😀 and 日本語 and <|im_end|> inside"}],
     [{"role": "user", "content": ""}],
     [{"role": "user", "content": "{{ messages }} {% if true %}x{% endif %}\n\n  spaced  "}],
@@ -55,8 +85,9 @@ def theirs():
 
 
 def their_render(theirs, messages, tools=None, add_generation_prompt=True):
-    return theirs.apply_chat_template(messages, tools=tools, tokenize=False,
-                                      add_generation_prompt=add_generation_prompt)
+    return theirs.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
 def their_error(theirs, messages, tools=None) -> str:
@@ -85,8 +116,10 @@ def test_encode(ours, theirs, add_special_tokens):
     alphabet = "ab Z9\n\t.,<|>_é中😀\u0301 " + "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(60))
     texts = TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 80))) for _ in range(200)]
     for text in texts:
-        assert ours.encode(text, add_special_tokens=add_special_tokens) == \
-            theirs(text, add_special_tokens=add_special_tokens).input_ids, text
+        assert (
+            ours.encode(text, add_special_tokens=add_special_tokens)
+            == theirs(text, add_special_tokens=add_special_tokens).input_ids
+        ), text
 
 
 def test_decode(ours, theirs):
@@ -96,8 +129,10 @@ def test_decode(ours, theirs):
     rng = random.Random(1)
     special = list(theirs.added_tokens_decoder)
     for _ in range(300):
-        ids = [rng.choice(special) if rng.random() < 0.15 else rng.randrange(ours.vocab_size)
-               for _ in range(rng.randrange(0, 40))]
+        ids = [
+            rng.choice(special) if rng.random() < 0.15 else rng.randrange(ours.vocab_size)
+            for _ in range(rng.randrange(0, 40))
+        ]
         assert ours.decode(ids) == theirs.decode(ids), ids
     for ids in ([], [0], [1, 2], [49151, 0, 1], [ours.vocab_size], [5, ours.vocab_size + 100, 6]):
         assert ours.decode(ids) == theirs.decode(ids), ids
@@ -118,26 +153,57 @@ def test_the_models_size_and_length(ours):
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_render_chat(ours, theirs, add_generation_prompt):
     for messages in CHATS:
-        assert ours.render_chat(messages, add_generation_prompt=add_generation_prompt) == \
-            their_render(theirs, messages, add_generation_prompt=add_generation_prompt), messages
-    assert ours.render_chat(CHATS[0], tools=[{"type": "function", "function": {"name": "f"}}]) == \
-        their_render(theirs, CHATS[0], tools=[{"type": "function", "function": {"name": "f"}}])
+        assert ours.render_chat(messages, add_generation_prompt=add_generation_prompt) == their_render(
+            theirs, messages, add_generation_prompt=add_generation_prompt
+        ), messages
+    assert ours.render_chat(CHATS[0], tools=[{"type": "function", "function": {"name": "f"}}]) == their_render(
+        theirs, CHATS[0], tools=[{"type": "function", "function": {"name": "f"}}]
+    )
 
 
 def test_the_chats_the_front_door_renders(ours, theirs):
     """Bodies as /v1/chat/completions gets them, through chat_messages and conversation as parse_chat runs them."""
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                               "parameters": {"type": "object",
-                                                              "properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     bodies = [
-        {"messages": [{"role": "developer", "content": "Terse."}, {"role": "user", "content": [
-            {"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]}]},
+        {
+            "messages": [
+                {"role": "developer", "content": "Terse."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}],
+                },
+            ]
+        },
         {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": tools},
-        {"messages": [{"role": "system", "content": "Sys."}, {"role": "user", "content": "Weather in Paris?"},
-                      {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
-                       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-                      {"role": "tool", "tool_call_id": "c1", "content": "18°C, cloudy"}],
-         "tools": tools, "tool_choice": "required"},
+        {
+            "messages": [
+                {"role": "system", "content": "Sys."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "18°C, cloudy"},
+            ],
+            "tools": tools,
+            "tool_choice": "required",
+        },
     ]
     for body in bodies:
         messages = conversation(chat_messages(body["messages"]), parse_tool_calling(body))
@@ -217,21 +283,40 @@ TOOL_TEMPLATE = r"""{%- set ns = namespace(turns=0, last_user=-1) %}
 {%- if add_generation_prompt %}{{- bos_token + 'assistant\n' }}{%- endif %}
 {{- '[' + ns.turns | string + ' turns; unk ' + unk_token + '; pad ' + (pad_token | default('none')) + ']' }}"""
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather — «city»",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"]}}},
-    {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
-        "a": {"type": "number"}, "b": {"type": "number"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather — «city»",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        },
+    },
     {"type": "function", "function": {"name": "noop"}},
     {"type": "function", "function": {"name": "never_listed"}},
 ]
 TOOL_CHATS = CHATS[:5] + [
-    [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris and 2+3?"},
-     {"role": "assistant", "content": None, "tool_calls": [
-         {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
-         {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
-     {"role": "tool", "content": "18°C"}, {"role": "tool", "content": "5"},
-     {"role": "assistant", "content": "It is 18°C; 2+3=5.", "reasoning": "Both tools answered."}],
+    [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "Weather in Paris and 2+3?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}},
+            ],
+        },
+        {"role": "tool", "content": "18°C"},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "It is 18°C; 2+3=5.", "reasoning": "Both tools answered."},
+    ],
     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello", "thinking": "be nice"}],
 ]
 
@@ -241,19 +326,23 @@ def test_a_template_with_tools_and_transformers_extras(tmp_path):
     for messages in TOOL_CHATS:
         for tools in (None, TOOLS, TOOLS[:1]):
             for add_generation_prompt in (True, False):
-                assert ours.render_chat(messages, tools, add_generation_prompt) == \
-                    their_render(theirs, messages, tools, add_generation_prompt), (messages, tools)
+                assert ours.render_chat(messages, tools, add_generation_prompt) == their_render(
+                    theirs, messages, tools, add_generation_prompt
+                ), (messages, tools)
     assert_same_error(ours, theirs, [{"role": "critic", "content": "x"}])  # raise_exception
     assert_same_error(ours, theirs, [{"role": "user", "content": "x"}], tools=["not a schema"])
 
 
-@pytest.mark.parametrize("template", [
-    "{% set ns = namespace(_hidden=1) %}{{ ns }}",  # the namespace refuses underscore names
-    "{{ messages.append(1) }}",  # the sandbox: no mutating
-    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
-    "{% for m in messages %}{{ m.content | upper }",  # a syntax error, at render time in both
-    "{{ undefined_function() }}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% set ns = namespace(_hidden=1) %}{{ ns }}",  # the namespace refuses underscore names
+        "{{ messages.append(1) }}",  # the sandbox: no mutating
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{% for m in messages %}{{ m.content | upper }",  # a syntax error, at render time in both
+        "{{ undefined_function() }}",
+    ],
+)
 def test_template_errors_match(tmp_path, template):
     ours, theirs = pair(model_folder(tmp_path, "bad", {**SPECIALS, "chat_template": template}))
     assert_same_error(ours, theirs, [{"role": "user", "content": "x"}])
@@ -288,19 +377,51 @@ def test_no_chat_template_is_refused_at_start(tmp_path):
 def test_special_tokens_old_and_new_style(tmp_path):
     """Named tokens as AddedToken dicts, a model's own *_token, extra tokens (some new to the vocabulary), the
     legacy special_tokens_map.json: the same backend, encoding, decoding and template variables."""
-    added = lambda content: {"__type": "AddedToken", "content": content, "lstrip": False,  # noqa: E731
-                             "normalized": False, "rstrip": False, "single_word": False, "special": True}
+
+    def added(content):
+        return {
+            "__type": "AddedToken",
+            "content": content,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+
     template = "{{ bos_token }}|{{ eos_token }}|{{ unk_token }}|{{ pad_token }}|{{ image_token }}|{{ sep_token }}"
     configs = {
-        "dicts": ({"bos_token": added("<|im_start|>"), "eos_token": added("<|im_end|>"), "unk_token": "<|endoftext|>",
-                   "image_token": "<|image|>", "additional_special_tokens": ["<|extra_a|>", "<jupyter_code>"],
-                   "chat_template": template}, {}),
-        "legacy": ({"chat_template": template, "model_max_length": 8192},
-                   {"special_tokens_map.json": json.dumps({
-                       "bos_token": {"content": "<|im_start|>", "lstrip": False, "normalized": False,
-                                     "rstrip": False, "single_word": False},
-                       "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "sep_token": "<|sep|>",
-                       "additional_special_tokens": ["<|extra_b|>"]})}),
+        "dicts": (
+            {
+                "bos_token": added("<|im_start|>"),
+                "eos_token": added("<|im_end|>"),
+                "unk_token": "<|endoftext|>",
+                "image_token": "<|image|>",
+                "additional_special_tokens": ["<|extra_a|>", "<jupyter_code>"],
+                "chat_template": template,
+            },
+            {},
+        ),
+        "legacy": (
+            {"chat_template": template, "model_max_length": 8192},
+            {
+                "special_tokens_map.json": json.dumps(
+                    {
+                        "bos_token": {
+                            "content": "<|im_start|>",
+                            "lstrip": False,
+                            "normalized": False,
+                            "rstrip": False,
+                            "single_word": False,
+                        },
+                        "eos_token": "<|im_end|>",
+                        "pad_token": "<|endoftext|>",
+                        "sep_token": "<|sep|>",
+                        "additional_special_tokens": ["<|extra_b|>"],
+                    }
+                )
+            },
+        ),
         "named_dict": ({**SPECIALS, "extra_special_tokens": {"image_token": "<|img|>"}, "chat_template": template}, {}),
     }
     for name, (config, files) in configs.items():
@@ -314,17 +435,23 @@ def test_special_tokens_old_and_new_style(tmp_path):
             assert ours.encode(text) == ids and ours.decode(ids) == theirs.decode(ids), (name, text)
 
 
-@pytest.mark.parametrize("config", [
-    {"clean_up_tokenization_spaces": True},  # transformers ignores it for a BPE tokenizer
-    {"clean_up_tokenization_spaces": True,
-     "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": True},
-    {"split_special_tokens": True},
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"clean_up_tokenization_spaces": True},  # transformers ignores it for a BPE tokenizer
+        {
+            "clean_up_tokenization_spaces": True,
+            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": True,
+        },
+        {"split_special_tokens": True},
+    ],
+)
 def test_decoding_and_encoding_options(tmp_path, config):
     ours, theirs = pair(model_folder(tmp_path, "options", {**SPECIALS, **config, "chat_template": "x"}))
     for text in TEXTS:
         ids = theirs(text).input_ids
         assert ours.encode(text) == ids, text
         assert ours.decode(ids) == theirs.decode(ids), text
-        assert [ours.token_text(i) for i in ids[:50]] == \
-            [theirs.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids[:50]]
+        assert [ours.token_text(i) for i in ids[:50]] == [
+            theirs.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids[:50]
+        ]

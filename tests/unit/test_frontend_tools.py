@@ -1,5 +1,6 @@
 """frontend/tools.py: tool definitions checked, forced calls as a grammar that admits exactly the declared
 calls, and tool calls parsed out of a choice's text whether it comes whole or in stream pieces."""
+
 from __future__ import annotations
 
 import json
@@ -11,11 +12,19 @@ from frontend.openai_responses import ChatFormat, Choice
 from frontend.tools import ToolCallParser, parse_tool_calling
 from frontend.triton_stream import SampleDelta
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-           "required": ["city", "days"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "description": "The time now"}}]
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now"}},
+]
 
 
 def call_text(name: str, arguments: dict) -> str:
@@ -51,8 +60,9 @@ def test_required_admits_only_calls_of_the_declared_functions_with_valid_argumen
 
 
 def test_a_named_choice_or_no_parallel_calls_admits_exactly_one_call(matcher_for):
-    named = parse_tool_calling({"tools": TOOLS, "tool_choice": {"type": "function",
-                                                                 "function": {"name": "get_time"}}}).grammar()
+    named = parse_tool_calling(
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
+    ).grammar()
     assert matcher_for(named, call_text("get_time", {}))
     assert not matcher_for(named, call_text("get_weather", {"city": "Oslo", "days": 1}))
     single = parse_tool_calling({"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}).grammar()
@@ -71,7 +81,7 @@ TEXT = "Let me check. " + call_text("get_weather", {"city": "Oslo", "days": 2}) 
 def parse_in_pieces(text: str, size: int) -> tuple[str, list[dict]]:
     parser, content, calls = ToolCallParser({"get_weather", "get_time"}), "", []
     for start in range(0, len(text), size):
-        piece, found = parser.feed(text[start:start + size])
+        piece, found = parser.feed(text[start : start + size])
         content, calls = content + piece, calls + found
     return content + parser.finish(), calls
 
@@ -80,8 +90,10 @@ def parse_in_pieces(text: str, size: int) -> tuple[str, list[dict]]:
 def test_calls_are_parsed_the_same_whatever_the_stream_pieces(size):
     content, calls = parse_in_pieces(TEXT, size)
     assert content == "Let me check. \n"
-    assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
-        [(0, "get_weather", {"city": "Oslo", "days": 2}), (1, "get_time", {})]
+    assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        (0, "get_weather", {"city": "Oslo", "days": 2}),
+        (1, "get_time", {}),
+    ]
     assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
 
 
@@ -91,8 +103,17 @@ def test_text_that_only_looks_like_a_call_stays_content():
 
 
 def chat_format() -> ChatFormat:
-    generation = Generation(model="llm", prompts=["P"], sampling={}, n=1, stream=True, include_usage=False,
-                            echo=False, logprobs=None, tool_calling=parse_tool_calling({"tools": TOOLS}))
+    generation = Generation(
+        model="llm",
+        prompts=["P"],
+        sampling={},
+        n=1,
+        stream=True,
+        include_usage=False,
+        echo=False,
+        logprobs=None,
+        tool_calling=parse_tool_calling({"tools": TOOLS}),
+    )
     return ChatFormat(generation, tokenizer=None)
 
 
@@ -101,14 +122,20 @@ def test_chat_answers_carry_tool_calls_and_finish_reason_tool_calls():
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] == "Let me check."
     assert [c["function"]["name"] for c in whole["message"]["tool_calls"]] == ["get_weather", "get_time"]
     cut = chat_format().whole_choice(0, Choice(text=TEXT[:40], finish_reason="length"))
-    assert cut == {"index": 0, "message": {"role": "assistant", "content": TEXT[:40]}, "logprobs": None,
-                   "finish_reason": "length"}
+    assert cut == {
+        "index": 0,
+        "message": {"role": "assistant", "content": TEXT[:40]},
+        "logprobs": None,
+        "finish_reason": "length",
+    }
 
 
 def test_streamed_chat_deltas_carry_each_call_once_it_is_complete():
-    fmt, pieces = chat_format(), [TEXT[i:i + 5] for i in range(0, len(TEXT), 5)]
-    chunks = [fmt.delta_choice(0, SampleDelta(0, p, [1], 3, i + 1, "stop" if i == len(pieces) - 1 else None, None))
-              for i, p in enumerate(pieces)]
+    fmt, pieces = chat_format(), [TEXT[i : i + 5] for i in range(0, len(TEXT), 5)]
+    chunks = [
+        fmt.delta_choice(0, SampleDelta(0, p, [1], 3, i + 1, "stop" if i == len(pieces) - 1 else None, None))
+        for i, p in enumerate(pieces)
+    ]
     calls = [c for chunk in chunks for c in chunk["delta"].get("tool_calls", [])]
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
     assert "".join(chunk["delta"].get("content", "") for chunk in chunks) == "Let me check. \n"

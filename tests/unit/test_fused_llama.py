@@ -1,13 +1,14 @@
 """backend/model/fused_llama.py: the Llama-family fast path computes what the generic path (Hugging Face's own
 modules with our paged attention) computes, on a ragged batch of chunked prefills and decodes."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from test_model_runner import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 from backend.model import fused_llama
 from backend.model.runner import ForwardItem, ModelRunner
-from test_model_runner import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 
 def ragged_steps(runner: ModelRunner) -> list[torch.Tensor]:
@@ -17,10 +18,16 @@ def ragged_steps(runner: ModelRunner) -> list[torch.Tensor]:
     a, b, c = PROMPTS
     steps = [
         [ForwardItem(a[:18], 0, tables[0], 0), ForwardItem(b, 0, tables[1], 1), ForwardItem(c, 0, tables[2], 2)],
-        [ForwardItem(a[18:], 18, tables[0], 1), ForwardItem([9], len(b), tables[1], 1),
-         ForwardItem([11, 12, 13], len(c), tables[2], 3)],
-        [ForwardItem([5], len(a), tables[0], 1), ForwardItem([6], len(b) + 1, tables[1], 1),
-         ForwardItem([7], len(c) + 3, tables[2], 1)],
+        [
+            ForwardItem(a[18:], 18, tables[0], 1),
+            ForwardItem([9], len(b), tables[1], 1),
+            ForwardItem([11, 12, 13], len(c), tables[2], 3),
+        ],
+        [
+            ForwardItem([5], len(a), tables[0], 1),
+            ForwardItem([6], len(b) + 1, tables[1], 1),
+            ForwardItem([7], len(c) + 3, tables[2], 1),
+        ],
     ]
     return [runner.forward(items) for items in steps]
 
@@ -97,8 +104,9 @@ def test_layer_ops_equal_torch_ops(tiny_llama):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("forced,expected,same_as",
-                         [("avx2", "avx2 low-bit kernel", "q8_0"), ("none", "torch", "none")])
+@pytest.mark.parametrize(
+    "forced,expected,same_as", [("avx2", "avx2 low-bit kernel", "q8_0"), ("none", "torch", "none")]
+)
 def test_a_cpu_without_the_fast_instruction_set(tiny_llama, monkeypatch, forced, expected, same_as):
     """Simulated by lowering the kernel's instruction set: AVX2 still runs the kernel on the Q8_0 grid; with
     none, q8_0 is not applied and the dense fp32 weights serve (the load log says so)."""

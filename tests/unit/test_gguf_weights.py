@@ -1,12 +1,13 @@
 """The GGUF's own blocks are the reference weights: read under Hugging Face's names, rows un-permuted for
 RoPE, and checked bit for bit against the converted fp32 folder before they are served."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SMOL_DIR
 
 from backend.model.gguf_weights import find_gguf, hf_name, verified_blocks
-from conftest import SMOL_DIR
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """backend/model/hardware.py: `dtype: auto` and quantization resolve by what the hardware computes natively."""
+
 import pytest
 
 from backend.model.hardware import native_bf16, resolve_dtype, resolve_weights

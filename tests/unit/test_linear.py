@@ -1,4 +1,5 @@
 """backend/model/linear.py: fused dense projections, and the weight-only 4-/8-bit kinds against dense arithmetic."""
+
 from __future__ import annotations
 
 import pytest

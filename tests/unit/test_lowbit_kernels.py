@@ -1,5 +1,6 @@
 """The C++ low-bit kernels (backend/model/kernels/lowbit.cpp) against the dense fp32 matmul on the same
 de-quantized weights: every instruction set this CPU runs, M = 1..64, odd widths, both block formats."""
+
 from __future__ import annotations
 
 import pytest
@@ -98,8 +99,14 @@ def test_quantize_q8_0_round_trips_its_own_grid():
 def test_low_bit_linear_uses_the_kernel_for_small_batches_and_dense_beyond(module):
     blocks = random_blocks("q4_1", 48, 128)
     weight = blocks.dequantize()
-    layer = make_linear([weight[:16], weight[16:]], [None, None], "none", 4,
-                        [blocks_slice(blocks, 0, 16), blocks_slice(blocks, 16, 48)], kernels.best_isa())
+    layer = make_linear(
+        [weight[:16], weight[16:]],
+        [None, None],
+        "none",
+        4,
+        [blocks_slice(blocks, 0, 16), blocks_slice(blocks, 16, 48)],
+        kernels.best_isa(),
+    )
     assert isinstance(layer, LowBitLinear)
     for m in (1, 4, 5, 40):
         x = torch.randn(m, 128)

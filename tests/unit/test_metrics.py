@@ -1,4 +1,5 @@
 """backend/core/metrics.py: in-process engine metrics and their mirror into Triton metric families (faked here)."""
+
 from __future__ import annotations
 
 import pytest
@@ -98,10 +99,14 @@ def test_periodic_publisher_replays_buffered_updates_from_its_own_thread():
     while len(sink.calls) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     publisher.close()
-    assert sorted(sink.calls, key=str) == sorted([
-        ("inc", "llm_generation_tokens_total", 5, None), ("set", "llm_requests_running", 4),
-        ("observe", "llm_step_num_tokens", 9),
-    ], key=str)
+    assert sorted(sink.calls, key=str) == sorted(
+        [
+            ("inc", "llm_generation_tokens_total", 5, None),
+            ("set", "llm_requests_running", 4),
+            ("observe", "llm_step_num_tokens", 9),
+        ],
+        key=str,
+    )
     assert threads == {"llm-metrics"}
 
 
@@ -123,6 +128,7 @@ def test_metric_names_are_prometheus_style():
 
 
 # ----------------------------------------------------------------------------------- Triton mirror
+
 
 class FakeMetric:
     def __init__(self, labels, buckets=None):

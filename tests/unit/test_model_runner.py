@@ -1,5 +1,6 @@
 """backend/model/runner.py + paged_attention.py: one ragged forward pass over a paged KV cache gives the same
 tokens and logits as Hugging Face, for tiny random models of several architectures."""
+
 from __future__ import annotations
 
 import random
@@ -29,8 +30,10 @@ def paged_greedy(runner: ModelRunner, prompts: list[list[int]], max_new: int, fi
     computed = [0] * len(prompts)
 
     def step(parts):  # parts: (index, number of tokens, wants logits)
-        items = [ForwardItem(tokens[i][computed[i] : computed[i] + n], computed[i], tables[i], 1 if sample else 0)
-                 for i, n, sample in parts]
+        items = [
+            ForwardItem(tokens[i][computed[i] : computed[i] + n], computed[i], tables[i], 1 if sample else 0)
+            for i, n, sample in parts
+        ]
         logits = runner.forward(items)
         assert logits.dtype == torch.float32
         assert logits.shape == (sum(1 for *_, s in parts if s), runner.shape.vocab_size)
@@ -127,7 +130,12 @@ def test_model_shape(tiny_model_factory):
     llama = ModelRunner.read_shape(tiny_model_factory("llama"))
     assert isinstance(llama, ModelShape)
     assert (llama.num_layers, llama.num_kv_heads, llama.head_dim, llama.vocab_size, llama.max_model_len) == (
-        2, 2, 16, 49152, 512)
+        2,
+        2,
+        16,
+        49152,
+        512,
+    )
     assert llama.kv_bytes_per_token(torch.float32) == 2 * 2 * 2 * 16 * 4
     assert llama.kv_bytes_per_token(torch.bfloat16) == 2 * 2 * 2 * 16 * 2
     gpt2 = ModelRunner.read_shape(tiny_model_factory("gpt2"))

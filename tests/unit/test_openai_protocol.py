@@ -1,5 +1,6 @@
 """frontend/openai_protocol.py: OpenAI bodies mapped onto the model's sampling_parameters, and every bad or
 unsupported field a 400 (or 404 for an unknown model) naming the parameter."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,14 +35,41 @@ def refused(parse, **body) -> APIError:
 
 
 def test_chat_maps_openai_and_vllm_parameters_onto_sampling_parameters():
-    g = chat(max_completion_tokens=12, temperature=0.5, top_p=0.9, n=2, stop=["\n"], seed=7,
-             presence_penalty=0.5, frequency_penalty=-0.5, logprobs=True, top_logprobs=3, top_k=40,
-             min_p=0.05, repetition_penalty=1.1, ignore_eos=True, stream=True,
-             stream_options={"include_usage": True}, user="u1")
+    g = chat(
+        max_completion_tokens=12,
+        temperature=0.5,
+        top_p=0.9,
+        n=2,
+        stop=["\n"],
+        seed=7,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        logprobs=True,
+        top_logprobs=3,
+        top_k=40,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        ignore_eos=True,
+        stream=True,
+        stream_options={"include_usage": True},
+        user="u1",
+    )
     assert g.prompts == ["user: Hi\nassistant:"]
-    assert g.sampling == {"temperature": 0.5, "top_p": 0.9, "n": 2, "stop": ["\n"], "seed": 7,
-                          "presence_penalty": 0.5, "frequency_penalty": -0.5, "top_k": 40, "min_p": 0.05,
-                          "repetition_penalty": 1.1, "ignore_eos": True, "max_tokens": 12, "logprobs": 3}
+    assert g.sampling == {
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "n": 2,
+        "stop": ["\n"],
+        "seed": 7,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "top_k": 40,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "ignore_eos": True,
+        "max_tokens": 12,
+        "logprobs": 3,
+    }
     assert (g.n, g.stream, g.include_usage, g.logprobs, g.echo, g.num_choices) == (2, True, True, 3, False, 2)
 
 
@@ -51,10 +79,13 @@ def test_chat_defaults_and_message_forms():
     assert chat(max_tokens=5).sampling["max_tokens"] == 5
     assert chat(logprobs=True).logprobs == 0  # the chosen token only
     assert chat(temperature=None).sampling == {"max_tokens": 256}  # null means the default
-    parts = [{"role": "developer", "content": "Be brief."},
-             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert parse_chat({"model": "llm", "messages": parts}, SERVED, 8, render).prompts == \
-        ["system: Be brief.\nuser: ab\nassistant:"]
+    parts = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ]
+    assert parse_chat({"model": "llm", "messages": parts}, SERVED, 8, render).prompts == [
+        "system: Be brief.\nuser: ab\nassistant:"
+    ]
 
 
 def test_completion_prompts_echo_and_logprobs():
@@ -64,12 +95,15 @@ def test_completion_prompts_echo_and_logprobs():
     assert completion(best_of=1).n == 1
 
 
-@pytest.mark.parametrize("prompt, expected", [
-    ([1, 2, 3], [[1, 2, 3]]),
-    ([[1, 2], [3]], [[1, 2], [3]]),
-    (["a", [5, 6]], ["a", [5, 6]]),
-    ([VOCAB - 1], [[VOCAB - 1]]),
-])
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [
+        ([1, 2, 3], [[1, 2, 3]]),
+        ([[1, 2], [3]], [[1, 2], [3]]),
+        (["a", [5, 6]], ["a", [5, 6]]),
+        ([VOCAB - 1], [[VOCAB - 1]]),
+    ],
+)
 def test_completion_token_id_prompts(prompt, expected):
     assert completion(prompt=prompt).prompts == expected
 
@@ -91,71 +125,86 @@ def test_prompts_times_n_are_bounded():
     assert "at most 2" in err.message
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"temperature": -1}, "temperature", None),
-    ({"temperature": "hot"}, "temperature", None),
-    ({"top_p": 0}, "top_p", None),
-    ({"n": 0}, "n", None),
-    ({"n": True}, "n", None),
-    ({"max_tokens": 0}, "max_tokens", None),
-    ({"max_completion_tokens": -1}, "max_completion_tokens", None),
-    ({"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens", None),
-    ({"stop": [1, 2]}, "stop", None),
-    ({"stop": ""}, "stop", None),
-    ({"seed": -1}, "seed", None),
-    ({"presence_penalty": 3}, "presence_penalty", None),
-    ({"top_logprobs": 2}, "top_logprobs", None),
-    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs", None),
-    ({"logprobs": 3}, "logprobs", None),
-    ({"logit_bias": {"50256": -101}}, "logit_bias[50256]", None),
-    ({"logit_bias": {"a": 1}}, "logit_bias", None),
-    ({"tools": [{"type": "function"}]}, "tools[0]", None),
-    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name", None),
-    ({"tools": [TOOL, TOOL]}, "tools", None),
-    ({"tools": []}, "tools", None),
-    ({"tool_choice": "required"}, "tool_choice", None),
-    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", None),
-    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", None),
-    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", None),
-    ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
-    ({"response_format": {"type": "yaml"}}, "response_format.type", None),
-    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", None),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}},
-     "response_format.json_schema.schema", None),
-    ({"stream_options": {"include_usage": True}}, "stream_options", None),
-    ({"stream": True, "stream_options": {"chunk": 1}}, "stream_options.chunk", "unsupported_parameter"),
-    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
-    ({"messages": []}, "messages", None),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", None),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages[0].content", None),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls", None),
-    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]}, "messages[0].tool_calls",
-     None),
-    ({"messages": [{"role": "user", "content": "x", "audio": {}}]}, "messages[0].audio", "unsupported_parameter"),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"temperature": -1}, "temperature", None),
+        ({"temperature": "hot"}, "temperature", None),
+        ({"top_p": 0}, "top_p", None),
+        ({"n": 0}, "n", None),
+        ({"n": True}, "n", None),
+        ({"max_tokens": 0}, "max_tokens", None),
+        ({"max_completion_tokens": -1}, "max_completion_tokens", None),
+        ({"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens", None),
+        ({"stop": [1, 2]}, "stop", None),
+        ({"stop": ""}, "stop", None),
+        ({"seed": -1}, "seed", None),
+        ({"presence_penalty": 3}, "presence_penalty", None),
+        ({"top_logprobs": 2}, "top_logprobs", None),
+        ({"logprobs": True, "top_logprobs": 50}, "top_logprobs", None),
+        ({"logprobs": 3}, "logprobs", None),
+        ({"logit_bias": {"50256": -101}}, "logit_bias[50256]", None),
+        ({"logit_bias": {"a": 1}}, "logit_bias", None),
+        ({"tools": [{"type": "function"}]}, "tools[0]", None),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name", None),
+        ({"tools": [TOOL, TOOL]}, "tools", None),
+        ({"tools": []}, "tools", None),
+        ({"tool_choice": "required"}, "tool_choice", None),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", None),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", None),
+        ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format", None),
+        ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type", None),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", None),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "{}"}}},
+            "response_format.json_schema.schema",
+            None,
+        ),
+        ({"stream_options": {"include_usage": True}}, "stream_options", None),
+        ({"stream": True, "stream_options": {"chunk": 1}}, "stream_options.chunk", "unsupported_parameter"),
+        ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+        ({"messages": []}, "messages", None),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", None),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages[0].content",
+            None,
+        ),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls", None),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]},
+            "messages[0].tool_calls",
+            None,
+        ),
+        ({"messages": [{"role": "user", "content": "x", "audio": {}}]}, "messages[0].audio", "unsupported_parameter"),
+    ],
+)
 def test_bad_chat_fields_are_400s_naming_the_parameter(body, param, code):
     err = refused(chat, **body)
     assert (err.status, err.type, err.param, err.code) == (400, "invalid_request_error", param, code), err.body()
     assert err.message
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"prompt": [[]]}, "prompt"),
-    ({"prompt": [1, "a"]}, "prompt"),
-    ({"prompt": [[1, True]]}, "prompt"),
-    ({"prompt": [VOCAB]}, "prompt"),
-    ({"prompt": [[-1]]}, "prompt"),
-    ({"prompt": {"a": 1}}, "prompt"),
-    ({"suffix": "end"}, "suffix"),
-    ({"best_of": 3}, "best_of"),
-    ({"logprobs": True}, "logprobs"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"echo": "yes"}, "echo"),
-    ({"messages": MESSAGES}, "messages"),  # a chat field on the completions route
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [[1, True]]}, "prompt"),
+        ({"prompt": [VOCAB]}, "prompt"),
+        ({"prompt": [[-1]]}, "prompt"),
+        ({"prompt": {"a": 1}}, "prompt"),
+        ({"suffix": "end"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+        ({"logprobs": True}, "logprobs"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"echo": "yes"}, "echo"),
+        ({"messages": MESSAGES}, "messages"),  # a chat field on the completions route
+    ],
+)
 def test_bad_completion_fields_are_400s(body, param):
     err = refused(completion, **body)
     assert (err.status, err.param) == (400, param), err.body()
@@ -178,8 +227,10 @@ def test_response_format_becomes_a_structured_output_key():
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     spec = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
     assert chat(response_format=spec).sampling["guided_json"] == schema
-    assert chat(response_format={"type": "json_schema", "json_schema": {"name": "any"}}).sampling[
-        "guided_json_object"] is True
+    assert (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "any"}}).sampling["guided_json_object"]
+        is True
+    )
     assert chat(guided_regex="a+").sampling["guided_regex"] == "a+"  # vLLM's extras pass through
     assert completion(guided_choice=["x", "y"]).sampling["guided_choice"] == ["x", "y"]
     err = refused(chat, guided_regex="a", guided_choice=["a"])  # the engine's own rule
@@ -192,8 +243,10 @@ def test_tools_are_listed_in_the_system_message_and_forced_calls_are_a_grammar()
     assert auto.prompts[0].startswith("system: You may call one or more functions")
     assert '"name": "get_weather"' in auto.prompts[0] and auto.prompts[0].endswith("user: Hi\nassistant:")
     required = chat(tools=[TOOL], tool_choice="required")
-    assert required.tool_calling.choice == "required" and 'call: "<tool_call>\\n" %json' in \
-        required.sampling["guided_grammar"]
+    assert (
+        required.tool_calling.choice == "required"
+        and 'call: "<tool_call>\\n" %json' in required.sampling["guided_grammar"]
+    )
     named = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert named.tool_calling.choice == "get_weather" and "guided_grammar" in named.sampling
     none = chat(tools=[TOOL], tool_choice="none")
@@ -201,10 +254,22 @@ def test_tools_are_listed_in_the_system_message_and_forced_calls_are_a_grammar()
 
 
 def test_earlier_tool_calls_and_results_are_written_into_the_conversation():
-    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"},
-               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"},
+    ]
     g = parse_chat({"model": "llm", "messages": history, "tools": [TOOL]}, SERVED, 8, render)
     prompt = g.prompts[0]
     assert prompt.startswith("system: Be brief.\n\nYou may call")

@@ -1,5 +1,6 @@
 """frontend/openai_responses.py: the model's deltas in OpenAI's chat and completion shapes (choices, stream
 chunks, usage, logprobs), with a stand-in tokenizer."""
+
 from __future__ import annotations
 
 from frontend.openai_protocol import Generation
@@ -21,8 +22,9 @@ class Tokenizer:
 
 
 def generation(**kw) -> Generation:
-    values = dict(model="llm", prompts=["P"], sampling={}, n=1, stream=False, include_usage=False, echo=False,
-                  logprobs=None)
+    values = dict(
+        model="llm", prompts=["P"], sampling={}, n=1, stream=False, include_usage=False, echo=False, logprobs=None
+    )
     values.update(kw)
     return Generation(**values)
 
@@ -31,8 +33,10 @@ def delta(index=0, text="a", ids=(5,), reason=None, n_in=3, n_out=1, logprobs=No
     return SampleDelta(index, text, list(ids), n_in, n_out, reason, logprobs)
 
 
-LOGPROBS = [{"token_id": 5, "logprob": -0.1, "top_logprobs": {"5": -0.1, "9": -2.5}},
-            {"token_id": 9, "logprob": -1.0, "top_logprobs": {"7": -0.5, "9": -1.0}}]
+LOGPROBS = [
+    {"token_id": 5, "logprob": -0.1, "top_logprobs": {"5": -0.1, "9": -2.5}},
+    {"token_id": 9, "logprob": -1.0, "top_logprobs": {"7": -0.5, "9": -1.0}},
+]
 
 
 def test_usage_counts_each_prompt_once_and_every_choice():
@@ -57,8 +61,10 @@ def test_chat_whole_answer_with_logprobs():
     assert c["message"] == {"role": "assistant", "content": "<5><9>"} and c["finish_reason"] == "length"
     content = c["logprobs"]["content"]
     assert [t["token"] for t in content] == ["<5>", "<9>"] and content[1]["logprob"] == -1.0
-    assert content[1]["top_logprobs"] == [{"token": "<7>", "logprob": -0.5, "bytes": list(b"<7>")},
-                                          {"token": "<9>", "logprob": -1.0, "bytes": list(b"<9>")}]
+    assert content[1]["top_logprobs"] == [
+        {"token": "<7>", "logprob": -0.5, "bytes": list(b"<7>")},
+        {"token": "<9>", "logprob": -1.0, "bytes": list(b"<9>")},
+    ]
     assert body["usage"]["completion_tokens"] == 2
 
 
@@ -79,16 +85,20 @@ def test_chat_stream_chunks_role_first_usage_null_until_the_last():
 def test_completion_echo_with_prompt_logprobs_choice_indices_and_text_offsets():
     fmt = CompletionFormat(generation(prompts=["P0", [11, 12]], n=2, echo=True, logprobs=1), Tokenizer())
     assert fmt.opening_choices() == []  # streamed, the prompt leads each choice's first chunk
-    fmt.observe(1, SampleDelta(0, "", [], 2, 0, None, None, [None, {"token_id": 12, "logprob": -0.7,
-                                                                     "top_logprobs": {12: -0.7}}]))
+    fmt.observe(
+        1,
+        SampleDelta(0, "", [], 2, 0, None, None, [None, {"token_id": 12, "logprob": -0.7, "top_logprobs": {12: -0.7}}]),
+    )
     choice = Choice()
     choice.add(delta(text="<5><9>", logprobs=LOGPROBS, reason="stop"))
     whole = fmt.whole_choice(3, choice)  # prompt 1 (token ids, decoded), sample 1
     assert whole["text"] == "<11><12><5><9>" and whole["finish_reason"] == "stop"
-    assert whole["logprobs"] == {"tokens": ["<11>", "<12>", "<5>", "<9>"], "token_logprobs": [None, -0.7, -0.1, -1.0],
-                                 "top_logprobs": [None, {"<12>": -0.7}, {"<5>": -0.1, "<9>": -2.5},
-                                                  {"<7>": -0.5, "<9>": -1.0}],
-                                 "text_offset": [0, 4, 8, 11]}
+    assert whole["logprobs"] == {
+        "tokens": ["<11>", "<12>", "<5>", "<9>"],
+        "token_logprobs": [None, -0.7, -0.1, -1.0],
+        "top_logprobs": [None, {"<12>": -0.7}, {"<5>": -0.1, "<9>": -2.5}, {"<7>": -0.5, "<9>": -1.0}],
+        "text_offset": [0, 4, 8, 11],
+    }
     assert CompletionFormat(generation(), Tokenizer()).whole({0: Choice()}, Usage())["object"] == "text_completion"
 
 

@@ -1,12 +1,13 @@
 """backend/engine/output_sender.py: outputs delivered off the engine thread, merged per stream, cancellation noticed
 by the periodic sweep, a failing client cut off after its first failure."""
+
 from __future__ import annotations
 
 import threading
 import time
 
-from backend.engine.output_sender import OutputSender, merge_outputs
 from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
+from backend.engine.output_sender import OutputSender, merge_outputs
 from backend.protocol.sampling_params import SamplingParams
 
 WAIT_S = 10
@@ -31,8 +32,11 @@ def wait_until(predicate) -> bool:
 def test_merge_concatenates_the_deltas_of_each_sample_in_order():
     a, b = request(rid="a"), request(rid="b")
     outputs = [
-        delta(a, "Hel", [1], logprobs=[{"t": 1}]), delta(b, "x", [9]), delta(a, "lo", [2], logprobs=[{"t": 2}]),
-        delta(a, "!", [3], index=1), delta(a, "", [4], finished=True, reason=FinishReason.STOP, logprobs=[{"t": 4}]),
+        delta(a, "Hel", [1], logprobs=[{"t": 1}]),
+        delta(b, "x", [9]),
+        delta(a, "lo", [2], logprobs=[{"t": 2}]),
+        delta(a, "!", [3], index=1),
+        delta(a, "", [4], finished=True, reason=FinishReason.STOP, logprobs=[{"t": 4}]),
     ]
     merged = merge_outputs(outputs)
     assert [o.request_id for o in merged] == ["a", "b"]

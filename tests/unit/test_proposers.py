@@ -1,4 +1,5 @@
 """Draft proposers: n-gram lookup rules and the draft model's agreement with the target."""
+
 import pytest
 
 from backend.spec.proposers import NgramProposer

@@ -1,4 +1,5 @@
 """Rejection sampler: output format, greedy rule, determinism, and exactness of the emitted distribution."""
+
 import pytest
 import torch
 

@@ -1,13 +1,14 @@
 """backend/serving/request_inputs.py: Triton inputs (numpy tensors + request parameters JSON) become a ParsedRequest;
 merge order: request parameters < sampling_parameters < flat tensors."""
+
 import json
 
 import numpy as np
 import pytest
 
+from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INPUT_NAMES, OPTIONAL_OUTPUTS
 from backend.serving.request_inputs import parse_request
-from backend.protocol.values import InvalidRequest
 
 
 def text(value, shape=(1,)):
@@ -43,16 +44,18 @@ def test_token_id_prompts():
 
 
 def test_flat_tensors_of_numeric_types():
-    parsed = parse_request({
-        "text_input": text("x"),
-        "max_tokens": np.array([[7]], dtype=np.int32),
-        "temperature": np.array([0.5], dtype=np.float32),
-        "top_k": np.array([3], dtype=np.int64),
-        "ignore_eos": np.array([True]),
-        "seed": np.array([42], dtype=np.uint64),
-        "n": np.array([2], dtype=np.int32),
-        "stream": np.array([True]),
-    })
+    parsed = parse_request(
+        {
+            "text_input": text("x"),
+            "max_tokens": np.array([[7]], dtype=np.int32),
+            "temperature": np.array([0.5], dtype=np.float32),
+            "top_k": np.array([3], dtype=np.int64),
+            "ignore_eos": np.array([True]),
+            "seed": np.array([42], dtype=np.uint64),
+            "n": np.array([2], dtype=np.int32),
+            "stream": np.array([True]),
+        }
+    )
     params = parsed.params
     assert params.max_tokens == 7 and params.temperature == 0.5 and params.top_k == 3
     assert params.ignore_eos is True and params.seed == 42 and params.n == 2
@@ -60,11 +63,13 @@ def test_flat_tensors_of_numeric_types():
 
 
 def test_list_tensors():
-    parsed = parse_request({
-        "text_input": text("x"),
-        "stop_words": np.array([b"END", b"STOP"], dtype=object),
-        "stop_token_ids": np.array([5, 6], dtype=np.int32),
-    })
+    parsed = parse_request(
+        {
+            "text_input": text("x"),
+            "stop_words": np.array([b"END", b"STOP"], dtype=object),
+            "stop_token_ids": np.array([5, 6], dtype=np.int32),
+        }
+    )
     assert parsed.params.stop == ["END", "STOP"]
     assert parsed.params.stop_token_ids == [5, 6]
 
@@ -109,9 +114,7 @@ def test_return_logprobs_only_chooses_whether_logprobs_are_sent():
     """As vLLM's backend: return_logprobs without `logprobs` sends JSON null; it never turns logprobs on."""
     parsed = parse_request({"text_input": text("x"), "return_logprobs": np.array([True])})
     assert parsed.params.logprobs is None and parsed.outputs == {"logprobs"}
-    parsed = parse_request(
-        {"text_input": text("x"), "return_logprobs": np.array([True])}, json.dumps({"logprobs": 3})
-    )
+    parsed = parse_request({"text_input": text("x"), "return_logprobs": np.array([True])}, json.dumps({"logprobs": 3}))
     assert parsed.params.logprobs == 3 and parsed.outputs == {"logprobs"}
     parsed = parse_request({"text_input": text("x"), "return_logprobs": np.array([False])}, json.dumps({"logprobs": 2}))
     assert parsed.params.logprobs == 2 and parsed.outputs == frozenset()
@@ -121,17 +124,23 @@ def test_additional_outputs_only_when_their_flag_is_true():
     assert parse_request({"text_input": text("x")}).outputs == frozenset()
     every = {f"return_{name}": np.array([True]) for name in OPTIONAL_OUTPUTS}
     assert parse_request({"text_input": text("x"), **every}).outputs == set(OPTIONAL_OUTPUTS)
-    parsed = parse_request({"text_input": text("x"), "return_cumulative_logprob": np.array([True])},
-                           json.dumps({"return_num_input_tokens": "true", "return_finish_reason": False}))
+    parsed = parse_request(
+        {"text_input": text("x"), "return_cumulative_logprob": np.array([True])},
+        json.dumps({"return_num_input_tokens": "true", "return_finish_reason": False}),
+    )
     assert parsed.outputs == {"cumulative_logprob", "num_input_tokens"}
     assert "return_cumulative_logprob" in INPUT_NAMES
 
 
 def test_return_flags_are_checked_and_not_passed_on():
-    parsed = parse_request({
-        "text_input": text("x"), "return_finish_reason": np.array([True]),
-        "return_num_input_tokens": np.array([False]), "return_num_output_tokens": np.array([True]),
-    })
+    parsed = parse_request(
+        {
+            "text_input": text("x"),
+            "return_finish_reason": np.array([True]),
+            "return_num_input_tokens": np.array([False]),
+            "return_num_output_tokens": np.array([True]),
+        }
+    )
     assert parsed.prompt == "x"
     with pytest.raises(InvalidRequest, match="return_finish_reason must be true or false"):
         parse_request({"text_input": text("x")}, json.dumps({"return_finish_reason": "sometimes"}))
@@ -159,8 +168,11 @@ def test_return_flags_are_checked_and_not_passed_on():
         (prompt_and(stream=np.array([2], dtype=np.int32)), "", "stream must be true or false"),
         (prompt_and(stop_words=np.array([b"\xff"], dtype=object)), "", "stop_words must be valid UTF-8"),
         (prompt_and(n=np.array([9])), "", "n must be between 1 and 8"),
-        (prompt_and(sampling_parameters=text('{"stop": "' + "x" * 70000 + '"}')), "",
-         "sampling_parameters is 70012 bytes of JSON; at most 65536 are allowed"),
+        (
+            prompt_and(sampling_parameters=text('{"stop": "' + "x" * 70000 + '"}')),
+            "",
+            "sampling_parameters is 70012 bytes of JSON; at most 65536 are allowed",
+        ),
         ({"text_input": text("x")}, json.dumps({"pad": "y" * 70000}), "request parameters is 70011 bytes of JSON"),
     ],
 )
@@ -183,16 +195,28 @@ def test_limits_passed_through():
 
 
 def test_input_names_cover_the_flat_tensors():
-    for name in ("text_input", "sampling_parameters", "max_tokens", "temperature", "stop_words", "stream",
-                 "exclude_input_in_output", "return_logprobs", "n", "seed"):
+    for name in (
+        "text_input",
+        "sampling_parameters",
+        "max_tokens",
+        "temperature",
+        "stop_words",
+        "stream",
+        "exclude_input_in_output",
+        "return_logprobs",
+        "n",
+        "seed",
+    ):
         assert name in INPUT_NAMES
     assert len(set(INPUT_NAMES)) == len(INPUT_NAMES)
 
 
 def test_stop_words_tensor_beats_stop_in_sampling_parameters():
-    parsed = parse_request({
-        "text_input": text("x"),
-        "sampling_parameters": text(json.dumps({"stop": ["json"]})),
-        "stop_words": np.array([b"tensor"], dtype=object),
-    })
+    parsed = parse_request(
+        {
+            "text_input": text("x"),
+            "sampling_parameters": text(json.dumps({"stop": ["json"]})),
+            "stop_words": np.array([b"tensor"], dtype=object),
+        }
+    )
     assert parsed.params.stop == ["tensor"]

@@ -2,6 +2,7 @@
 prompt as the equivalent chat request), every refusal a 400 naming the parameter, and the answers in the
 openai SDK's own types: the Response and each stream event validated with its pydantic models, and the SDK's
 `responses.create` / `responses.stream` run against the app with a stand-in for the Triton client."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,21 +14,23 @@ import pytest
 from aiohttp.test_utils import TestServer
 from openai.types.responses import Response, ResponseStreamEvent
 
+from backend.protocol.wire import INTERNAL, SERVER_BUSY, error_text
 from frontend import app as app_module
 from frontend.app import Settings, create_app
 from frontend.errors import APIError
 from frontend.openai_protocol import parse_chat
 from frontend.responses_api import parse_responses
 from frontend.responses_output import OutputItems, ResponseAnswer
-from frontend.tools import CALL_OPEN, CALL_CLOSE
-from backend.protocol.wire import INTERNAL, SERVER_BUSY, error_text
+from frontend.tools import CALL_CLOSE, CALL_OPEN
 from frontend.triton_stream import EngineError, SampleDelta
 
 SERVED = ["llm"]
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather now", "parameters": WEATHER}
-CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
-                                              "parameters": WEATHER}}
+CHAT_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Weather now", "parameters": WEATHER},
+}
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
@@ -54,8 +57,18 @@ def call_text(name: str, arguments: dict) -> str:
 
 
 def test_input_instructions_and_sampling_map_onto_a_chat_generation():
-    parsed = responses(instructions="Be brief.", temperature=0, top_p=0.5, max_output_tokens=12, stream=True,
-                       metadata={"k": "v"}, user="u1", safety_identifier="s1", store=False, truncation="disabled")
+    parsed = responses(
+        instructions="Be brief.",
+        temperature=0,
+        top_p=0.5,
+        max_output_tokens=12,
+        stream=True,
+        metadata={"k": "v"},
+        user="u1",
+        safety_identifier="s1",
+        store=False,
+        truncation="disabled",
+    )
     g = parsed.generation
     assert g.prompts == ["system: Be brief.\nuser: Hi\nassistant:"]
     assert g.sampling == {"temperature": 0, "top_p": 0.5, "max_tokens": 12}
@@ -68,35 +81,73 @@ def test_input_instructions_and_sampling_map_onto_a_chat_generation():
 
 
 def test_message_items_give_the_same_prompt_as_chat():
-    items = [{"role": "developer", "content": "Be brief."},
-             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
-                                                             {"type": "input_text", "text": "b"}]},
-             {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
-              "content": [{"type": "output_text", "text": "c", "annotations": [], "logprobs": []}]},
-             {"role": "user", "content": "d"}]
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"},
-            {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]
-    assert responses(input=items).generation.prompts == parse_chat(
-        {"model": "llm", "messages": chat}, SERVED, 8, render).prompts
+    items = [
+        {"role": "developer", "content": "Be brief."},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+        },
+        {
+            "type": "message",
+            "id": "msg_1",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "c", "annotations": [], "logprobs": []}],
+        },
+        {"role": "user", "content": "d"},
+    ]
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "c"},
+        {"role": "user", "content": "d"},
+    ]
+    assert (
+        responses(input=items).generation.prompts
+        == parse_chat({"model": "llm", "messages": chat}, SERVED, 8, render).prompts
+    )
 
 
 def test_a_tool_conversation_gives_the_same_prompt_as_chat():
-    items = [{"role": "user", "content": "Weather in Oslo and Rome?"},
-             {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
-              "arguments": '{"city": "Oslo"}', "status": "completed"},
-             {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
-             {"type": "function_call_output", "call_id": "call_1", "output": "-3 C"},
-             {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "20 C"}]}]
-    chat = [{"role": "user", "content": "Weather in Oslo and Rome?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{i}", "type": "function",
-                 "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
-                for i, city in ((1, "Oslo"), (2, "Rome"))]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"},
-            {"role": "tool", "tool_call_id": "call_2", "content": "20 C"}]
+    items = [
+        {"role": "user", "content": "Weather in Oslo and Rome?"},
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo"}',
+            "status": "completed",
+        },
+        {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "-3 C"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "20 C"}]},
+    ]
+    chat = [
+        {"role": "user", "content": "Weather in Oslo and Rome?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+                }
+                for i, city in ((1, "Oslo"), (2, "Rome"))
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "20 C"},
+    ]
     mine = responses(input=items, tools=[TOOL], instructions="Be brief.").generation
-    theirs = parse_chat({"model": "llm", "messages": [{"role": "system", "content": "Be brief."}] + chat,
-                         "tools": [CHAT_TOOL]}, SERVED, 8, render)
+    theirs = parse_chat(
+        {"model": "llm", "messages": [{"role": "system", "content": "Be brief."}] + chat, "tools": [CHAT_TOOL]},
+        SERVED,
+        8,
+        render,
+    )
     assert mine.prompts == theirs.prompts and mine.tool_calling == theirs.tool_calling
     assert "<tool_response>\n20 C\n</tool_response>" in mine.prompts[0]
 
@@ -104,11 +155,11 @@ def test_a_tool_conversation_gives_the_same_prompt_as_chat():
 def test_tools_and_tool_choice_in_the_flat_shape():
     auto = responses(tools=[TOOL])
     assert auto.generation.tool_calling.choice == "auto" and "guided_grammar" not in auto.generation.sampling
-    assert auto.settings["tools"] == [{"type": "function", "name": "get_weather", "description": "Weather now",
-                                       "parameters": WEATHER, "strict": None}]
+    assert auto.settings["tools"] == [
+        {"type": "function", "name": "get_weather", "description": "Weather now", "parameters": WEATHER, "strict": None}
+    ]
     assert auto.settings["tool_choice"] == "auto" and auto.settings["parallel_tool_calls"] is True
-    named = responses(tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"},
-                      parallel_tool_calls=False)
+    named = responses(tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False)
     assert named.generation.tool_calling.choice == "get_weather" and not named.generation.tool_calling.parallel
     assert "guided_grammar" in named.generation.sampling
     assert named.settings["tool_choice"] == {"type": "function", "name": "get_weather"}
@@ -127,50 +178,56 @@ def test_text_format_becomes_a_structured_output_key():
     assert responses(text={"format": fmt}, tools=[TOOL], tool_choice="none").generation.sampling["guided_json"]
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
-    ({"store": True}, "store", "unsupported_parameter"),
-    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
-    ({"messages": []}, "messages", "unknown_parameter"),
-    ({"reasoning": {"effort": "low"}}, "reasoning", "unsupported_parameter"),
-    ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
-    ({"background": True}, "background", "unsupported_parameter"),
-    ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
-    ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0]", "unsupported_parameter"),
-    ({"tools": [CHAT_TOOL]}, "tools[0]", None),
-    ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading", "unsupported_parameter"),
-    ({"tools": [{**TOOL, "name": "has space"}]}, "tools[0].name", None),
-    ({"tools": [TOOL, TOOL]}, "tools", None),
-    ({"tools": []}, "tools", None),
-    ({"tool_choice": "required"}, "tool_choice", None),
-    ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", None),
-    ({"tools": [TOOL], "tool_choice": {"type": "function"}}, "tool_choice", None),
-    ({"tools": [TOOL], "tool_choice": {"type": "web_search_preview"}}, "tool_choice", "unsupported_parameter"),
-    ({"tools": [TOOL], "text": {"format": {"type": "json_object"}}}, "text.format", None),
-    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", None),
-    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name", None),
-    ({"text": {"format": {"type": "yaml"}}}, "text.format.type", None),
-    ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported_parameter"),
-    ({"input": []}, "input", None),
-    ({"input": ""}, "input", None),
-    ({"input": 5}, "input", None),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "unsupported_parameter"),
-    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", None),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0]", "unsupported_parameter"),
-    ({"input": [{"role": "user", "content": "x", "name": "n"}]}, "input[0].name", "unsupported_parameter"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments", None),
-    ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output", None),
-    ({"stream_options": {"include_obfuscation": False}}, "stream_options", None),
-    ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options", "unsupported_parameter"),
-    ({"max_output_tokens": 0}, "max_output_tokens", None),
-    ({"max_output_tokens": "8"}, "max_output_tokens", None),
-    ({"temperature": -1}, "temperature", None),
-    ({"top_p": 0}, "top_p", None),
-    ({"metadata": {"k": 1}}, "metadata", None),
-    ({"model": None}, "model", None),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
+        ({"store": True}, "store", "unsupported_parameter"),
+        ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+        ({"messages": []}, "messages", "unknown_parameter"),
+        ({"reasoning": {"effort": "low"}}, "reasoning", "unsupported_parameter"),
+        ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
+        ({"background": True}, "background", "unsupported_parameter"),
+        ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
+        ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]", "unsupported_parameter"),
+        ({"tools": [CHAT_TOOL]}, "tools[0]", None),
+        ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading", "unsupported_parameter"),
+        ({"tools": [{**TOOL, "name": "has space"}]}, "tools[0].name", None),
+        ({"tools": [TOOL, TOOL]}, "tools", None),
+        ({"tools": []}, "tools", None),
+        ({"tool_choice": "required"}, "tool_choice", None),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", None),
+        ({"tools": [TOOL], "tool_choice": {"type": "function"}}, "tool_choice", None),
+        ({"tools": [TOOL], "tool_choice": {"type": "web_search_preview"}}, "tool_choice", "unsupported_parameter"),
+        ({"tools": [TOOL], "text": {"format": {"type": "json_object"}}}, "text.format", None),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", None),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name", None),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type", None),
+        ({"text": {"verbosity": "low"}}, "text.verbosity", "unsupported_parameter"),
+        ({"input": []}, "input", None),
+        ({"input": ""}, "input", None),
+        ({"input": 5}, "input", None),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "unsupported_parameter"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", None),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0]",
+            "unsupported_parameter",
+        ),
+        ({"input": [{"role": "user", "content": "x", "name": "n"}]}, "input[0].name", "unsupported_parameter"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments", None),
+        ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input[0].output", None),
+        ({"stream_options": {"include_obfuscation": False}}, "stream_options", None),
+        ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options", "unsupported_parameter"),
+        ({"max_output_tokens": 0}, "max_output_tokens", None),
+        ({"max_output_tokens": "8"}, "max_output_tokens", None),
+        ({"temperature": -1}, "temperature", None),
+        ({"top_p": 0}, "top_p", None),
+        ({"metadata": {"k": 1}}, "metadata", None),
+        ({"model": None}, "model", None),
+    ],
+)
 def test_bad_fields_are_400s_naming_the_parameter(body, param, code):
     err = refused(**body)
     assert (err.status, err.type, err.param, err.code) == (400, "invalid_request_error", param, code), err.body()
@@ -213,13 +270,26 @@ def test_a_text_answer_is_one_message_item_and_sdk_valid():
     body = answer.body()
     response = Response.model_validate(body)
     assert response.output_text == "Hello!" and response.status == "completed" and response.id.startswith("resp_")
-    assert body["usage"] == {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                             "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 8}
+    assert body["usage"] == {
+        "input_tokens": 5,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": 3,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 8,
+    }
     assert [e["type"] for e in events] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["usage"] is None
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Hello!"
     message = body["output"][0]
@@ -258,8 +328,9 @@ def test_tool_calls_become_function_call_items_around_the_text():
     assert [e["output_index"] for e in added] == [0, 1, 2] and added[1]["item"]["status"] == "in_progress"
     # the whole answer is the same whatever the pieces the text came in
     whole, _ = run_answer(["".join(texts)], tools=[TOOL])
-    assert [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole.body()["output"]] == \
-        [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in body["output"]]
+    assert [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in whole.body()["output"]] == [
+        {k: v for k, v in item.items() if k not in ("id", "call_id")} for item in body["output"]
+    ]
 
 
 def test_forced_calls_drop_the_newlines_between_them():
@@ -333,14 +404,20 @@ class FakeLLM:
 @pytest.fixture
 def sdk(monkeypatch):
     """run(test): test(client) with an AsyncOpenAI client of the app served with FakeLLM."""
-    FakeLLM.texts, FakeLLM.reason, FakeLLM.fail, FakeLLM.fail_after, FakeLLM.requests = \
-        ["Hel", "lo"], "stop", None, None, []
+    FakeLLM.texts, FakeLLM.reason, FakeLLM.fail, FakeLLM.fail_after, FakeLLM.requests = (
+        ["Hel", "lo"],
+        "stop",
+        None,
+        None,
+        [],
+    )
     monkeypatch.setattr(app_module, "TritonLLM", FakeLLM)
 
     def run(test):
         async def main():
-            server = TestServer(create_app(Settings("unused:1", SERVED, "unused"), Tokenizer()),
-                                handler_cancellation=True)
+            server = TestServer(
+                create_app(Settings("unused:1", SERVED, "unused"), Tokenizer()), handler_cancellation=True
+            )
             await server.start_server()
             client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="unused", max_retries=0)
             try:
@@ -348,6 +425,7 @@ def sdk(monkeypatch):
             finally:
                 await client.close()
                 await server.close()
+
         asyncio.run(main())
 
     return run
@@ -355,13 +433,17 @@ def sdk(monkeypatch):
 
 def test_the_sdk_reads_whole_and_streamed_answers(sdk):
     async def test(client):
-        whole = await client.responses.create(model="llm", input="Hi", instructions="Be brief.",
-                                              max_output_tokens=5, temperature=0)
+        whole = await client.responses.create(
+            model="llm", input="Hi", instructions="Be brief.", max_output_tokens=5, temperature=0
+        )
         assert whole.output_text == "Hello" and whole.status == "completed" and whole.usage.output_tokens == 2
         assert FakeLLM.requests[-1] == ("system:Be brief.|user:Hi", {"temperature": 0, "max_tokens": 5})
         events = [e async for e in await client.responses.create(model="llm", input="Hi", stream=True)]
-        assert [type(e).__name__ for e in events[:3]] == ["ResponseCreatedEvent", "ResponseInProgressEvent",
-                                                          "ResponseOutputItemAddedEvent"]
+        assert [type(e).__name__ for e in events[:3]] == [
+            "ResponseCreatedEvent",
+            "ResponseInProgressEvent",
+            "ResponseOutputItemAddedEvent",
+        ]
         assert [e.sequence_number for e in events] == list(range(len(events)))
         assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello"
         assert type(events[-1]).__name__ == "ResponseCompletedEvent" and events[-1].response.output_text == "Hello"
@@ -379,8 +461,12 @@ def test_the_sdk_reads_function_calls(sdk):
         whole = await client.responses.create(model="llm", input="Weather?", tools=[TOOL], tool_choice="required")
         [call] = whole.output
         assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Oslo"}
-        async with client.responses.stream(model="llm", input="Weather?", tools=[{**TOOL, "strict": True}],
-                                           tool_choice={"type": "function", "name": "get_weather"}) as stream:
+        async with client.responses.stream(
+            model="llm",
+            input="Weather?",
+            tools=[{**TOOL, "strict": True}],
+            tool_choice={"type": "function", "name": "get_weather"},
+        ) as stream:
             types = [event.type async for event in stream]
             final = await stream.get_final_response()
         assert final.output[0].parsed_arguments == {"city": "Oslo"}  # the SDK parsed the strict tool's arguments
@@ -409,7 +495,12 @@ def test_errors_through_the_sdk(sdk):
 def test_output_items_sent_back_as_the_sdk_dumps_them_are_accepted():
     answer, _ = run_answer([call_text("get_weather", {"city": "Oslo"})], tools=[TOOL])
     output = [item.model_dump() for item in Response.model_validate(answer.body()).output]  # nulls included
-    parsed = responses(input=[{"role": "user", "content": "Weather?"}, *output,
-                              {"type": "function_call_output", "call_id": output[0]["call_id"], "output": "-3 C"}],
-                       tools=[TOOL])
+    parsed = responses(
+        input=[
+            {"role": "user", "content": "Weather?"},
+            *output,
+            {"type": "function_call_output", "call_id": output[0]["call_id"], "output": "-3 C"},
+        ],
+        tools=[TOOL],
+    )
     assert '"arguments": {"city": "Oslo"}' in parsed.generation.prompts[0]

@@ -1,5 +1,6 @@
 """backend/sampling/sampler.py: penalties and min_tokens on the logits; temperature, top-k, top-p, min-p on the
 distribution; seeded per-sequence draws; logprobs."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 from backend.core.request import Request, Sequence
-from backend.sampling.sampler import Sampler, SamplingRow
 from backend.protocol.sampling_params import SamplingParams
+from backend.sampling.sampler import Sampler, SamplingRow
 
 EOS = 2
 VOCAB = 8
@@ -58,6 +59,7 @@ def draw_many(sampler, logits, seq, n=1500) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------------------- greedy
 
+
 def test_greedy_is_argmax(sampler):
     gen = torch.Generator().manual_seed(0)
     for _ in range(50):
@@ -78,6 +80,7 @@ def test_greedy_respects_penalties(sampler):
 
 
 # ------------------------------------------------------------------------------------------ the support
+
 
 def test_top_k_restricts_support(sampler):
     logits = torch.tensor([1.0, 3.0, 0.5, 2.0, 2.5, -1.0, 0.0, 1.5])
@@ -167,6 +170,7 @@ def test_temperature(sampler):
 
 # ---------------------------------------------------------------------------------------- penalties
 
+
 def test_repetition_penalty(sampler):
     logits = torch.tensor([2.0, -2.0, 1.0, -1.0, 0.5, 3.0, 0.0, 0.0])
     seq = seq_with(prompt=(0, 1), output=(4, 4), repetition_penalty=2.0)
@@ -207,6 +211,7 @@ def test_no_penalty_leaves_logits_alone(sampler):
 
 # ---------------------------------------------------------------------------------------- min_tokens
 
+
 def test_min_tokens_bans_eos_and_stop_token_ids(sampler):
     logits = torch.tensor([0.0, 0.0, 10.0, 0.0, 9.0, 0.0, 0.0, 0.0])
     seq = seq_with(output=(1,), min_tokens=3, stop_token_ids=[4], temperature=0.0)
@@ -229,6 +234,7 @@ def test_min_tokens_with_ignore_eos_bans_only_stop_ids(sampler):
 
 
 # ---------------------------------------------------------------------------------------- randomness
+
 
 def test_draw_follows_the_distribution():
     probs = torch.tensor([0.6, 0.3, 0.1, 0.0])
@@ -279,6 +285,7 @@ def test_unseeded_requests_use_the_base_seed():
 
 
 # ------------------------------------------------------------------------------------------ logprobs
+
 
 def test_logprobs(sampler):
     logits = torch.tensor([1.0, 3.0, 0.5, 2.0, -1.0, 0.0, 0.0, 0.0])

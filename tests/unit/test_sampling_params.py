@@ -1,5 +1,6 @@
 """backend/protocol/sampling_params.py: loosely typed client values become a validated SamplingParams; every bad
 value raises InvalidRequest with a message naming the field."""
+
 import math
 
 import pytest
@@ -19,12 +20,24 @@ def test_defaults():
 
 
 def test_strings_are_accepted():
-    params = SamplingParams.from_dict({
-        "temperature": "0.7", "top_p": " 0.9 ", "top_k": "40", "max_tokens": "12", "min_tokens": "2",
-        "ignore_eos": "true", "skip_special_tokens": "False", "include_stop_str_in_output": "1",
-        "seed": "123", "n": "2", "repetition_penalty": "1.1", "presence_penalty": "-0.5",
-        "frequency_penalty": "0.25", "min_p": "0.05",
-    })
+    params = SamplingParams.from_dict(
+        {
+            "temperature": "0.7",
+            "top_p": " 0.9 ",
+            "top_k": "40",
+            "max_tokens": "12",
+            "min_tokens": "2",
+            "ignore_eos": "true",
+            "skip_special_tokens": "False",
+            "include_stop_str_in_output": "1",
+            "seed": "123",
+            "n": "2",
+            "repetition_penalty": "1.1",
+            "presence_penalty": "-0.5",
+            "frequency_penalty": "0.25",
+            "min_p": "0.05",
+        }
+    )
     assert params.temperature == pytest.approx(0.7)
     assert params.top_p == pytest.approx(0.9)
     assert params.top_k == 40 and params.max_tokens == 12 and params.min_tokens == 2
@@ -108,8 +121,10 @@ def test_logprobs_forms():
         ({"stop_token_ids": [1, "x"]}, "stop_token_ids[1] must be an integer"),
         ({"ignore_eos": "yes please"}, "ignore_eos must be true or false"),
         ({"ignore_eos": 2}, "ignore_eos must be true or false"),
-        ({"skip_special_tokens": None, "include_stop_str_in_output": []},
-         "include_stop_str_in_output must be true or false"),
+        (
+            {"skip_special_tokens": None, "include_stop_str_in_output": []},
+            "include_stop_str_in_output must be true or false",
+        ),
     ],
 )
 def test_bad_values(values, fragment):

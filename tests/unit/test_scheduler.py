@@ -1,5 +1,6 @@
 """backend/core/scheduler.py: iteration-level scheduling under a token budget and a sequence cap, chunked prefill,
 decodes first, preemption of the most recently admitted sequences when blocks run out."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,8 @@ from hypothesis import strategies as st
 
 from backend.core.block_manager import BlockManager
 from backend.core.request import Request, Sequence, SequenceStatus
-from backend.protocol.sampling_params import SamplingParams
 from backend.core.scheduler import ScheduledSeq, Scheduler
+from backend.protocol.sampling_params import SamplingParams
 
 SIZE = 4
 
@@ -328,7 +329,8 @@ def test_speculative_tokens_count_against_the_budget(budget):
 
 workload = st.lists(  # (prompt length, output length, which shared prefix, arrival step)
     st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 2), st.integers(0, 6)),
-    min_size=1, max_size=8,
+    min_size=1,
+    max_size=8,
 )
 
 

@@ -1,5 +1,6 @@
 """Speculative decoding inside the engine: exactness against plain decoding, acceptance, stop rules, and
 an exact target distribution for sampled requests (chi-square)."""
+
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,9 @@ def _run(engine: LLMEngine, prompts, **params) -> dict[str, tuple[list[int], str
 
 
 def _engine(model: str, **overrides) -> LLMEngine:
-    settings = dict(model=model, dtype="float32", kv_cache_blocks=256, block_size=4, max_num_batched_tokens=48, max_num_seqs=8)
+    settings = dict(
+        model=model, dtype="float32", kv_cache_blocks=256, block_size=4, max_num_batched_tokens=48, max_num_seqs=8
+    )
     return LLMEngine(EngineConfig(**{**settings, **overrides}))
 
 
@@ -58,19 +61,28 @@ def test_greedy_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draf
 
 @pytest.mark.parametrize("draft", ["ngram", "self"])
 def test_greedy_adaptive_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draft):
-    engine = _engine(tiny_llama, draft_model=draft, draft_dtype="float32", num_speculative_tokens=4,
-                     spec_adaptive=True, spec_probe_interval=2)
+    engine = _engine(
+        tiny_llama,
+        draft_model=draft,
+        draft_dtype="float32",
+        num_speculative_tokens=4,
+        spec_adaptive=True,
+        spec_probe_interval=2,
+    )
     assert _run(engine, PROMPTS, temperature=0, max_tokens=24, ignore_eos=True) == plain_greedy
     assert engine.metrics.total("llm_spec_decode_num_drafts_total") > 0
 
 
 def test_adaptive_identical_draft_grows_k_to_the_max(tiny_llama):
     k = 4
-    engine = _engine(tiny_llama, draft_model="self", draft_dtype="float32", num_speculative_tokens=k,
-                     spec_adaptive=True)
+    engine = _engine(
+        tiny_llama, draft_model="self", draft_dtype="float32", num_speculative_tokens=k, spec_adaptive=True
+    )
     _run(engine, PROMPTS[:1], temperature=0, max_tokens=24, ignore_eos=True)
-    per_pos = {dict(key)["position"]: v
-               for key, v in engine.metrics.counters["llm_spec_decode_num_accepted_tokens_per_pos_total"].items()}
+    per_pos = {
+        dict(key)["position"]: v
+        for key, v in engine.metrics.counters["llm_spec_decode_num_accepted_tokens_per_pos_total"].items()
+    }
     assert per_pos.get(k - 1, 0) >= 2  # full-length drafts, after starting shorter
     assert per_pos[0] > per_pos[k - 1]
 
@@ -146,11 +158,15 @@ def test_large_batch_turns_speculation_off(tiny_llama):
 
 
 def test_large_batch_turns_adaptive_speculation_off(tiny_llama):
-    engine = _engine(tiny_llama, draft_model="self", num_speculative_tokens=2, spec_max_batch_size=2,
-                     spec_adaptive=True)
+    engine = _engine(
+        tiny_llama, draft_model="self", num_speculative_tokens=2, spec_max_batch_size=2, spec_adaptive=True
+    )
     for i, prompt in enumerate(PROMPTS):
-        engine.add_request(engine.build_request(str(i), prompt, SamplingParams.from_dict(
-            {"temperature": 0, "max_tokens": 6, "ignore_eos": True})))
+        engine.add_request(
+            engine.build_request(
+                str(i), prompt, SamplingParams.from_dict({"temperature": 0, "max_tokens": 6, "ignore_eos": True})
+            )
+        )
     while engine.has_work():
         engine.step()
         if len(engine.scheduler.running) > 2:
@@ -175,13 +191,21 @@ def test_sampled_token_frequencies_match_without_speculation():
     prompt, samples, positions = "My favourite food is", 240, 3
 
     def frequencies(**spec) -> list[dict[int, int]]:
-        engine = LLMEngine(EngineConfig(
-            model=str(SMOL_DIR), dtype="float32", kv_cache_blocks=2048, max_num_seqs=samples, max_num_batched_tokens=4096,
-            spec_max_batch_size=samples, **spec,
-        ))
+        engine = LLMEngine(
+            EngineConfig(
+                model=str(SMOL_DIR),
+                dtype="float32",
+                kv_cache_blocks=2048,
+                max_num_seqs=samples,
+                max_num_batched_tokens=4096,
+                spec_max_batch_size=samples,
+                **spec,
+            )
+        )
         for i in range(samples):
-            params = SamplingParams.from_dict({"temperature": 1.0, "seed": 1000 + i, "max_tokens": positions,
-                                               "ignore_eos": True})
+            params = SamplingParams.from_dict(
+                {"temperature": 1.0, "seed": 1000 + i, "max_tokens": positions, "ignore_eos": True}
+            )
             engine.add_request(engine.build_request(str(i), prompt, params))
         counts = [dict() for _ in range(positions)]
         while engine.has_work():

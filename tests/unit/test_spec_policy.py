@@ -1,6 +1,7 @@
 """backend/spec/policy.py: the adaptive draft length per sequence (grows on acceptance, shrinks and turns off on
 rejection, re-probes), as SpeculativeDecoder applies it under the request's own k, the remaining output and the
 batch rule; and its engine parameters."""
+
 import json
 from types import SimpleNamespace
 
@@ -105,8 +106,9 @@ def test_sequences_have_their_own_state_and_it_goes_with_them():
 
 
 def decoder(**overrides) -> SpeculativeDecoder:
-    settings = dict(model="unused", draft_model="ngram", num_speculative_tokens=4, spec_adaptive=True,
-                    spec_probe_interval=4)
+    settings = dict(
+        model="unused", draft_model="ngram", num_speculative_tokens=4, spec_adaptive=True, spec_probe_interval=4
+    )
     config = EngineConfig(**{**settings, **overrides})
     return SpeculativeDecoder(config, None, None, None, None, None, max_model_len=1000)
 
@@ -152,19 +154,23 @@ def model_dir(tmp_path):
 
 
 def test_parameters_parse(model_dir):
-    config = EngineConfig.from_parameters({"model": model_dir, "spec_adaptive": "true", "spec_min_acceptance": "0.25",
-                                           "spec_probe_interval": "16"})
+    config = EngineConfig.from_parameters(
+        {"model": model_dir, "spec_adaptive": "true", "spec_min_acceptance": "0.25", "spec_probe_interval": "16"}
+    )
     assert (config.spec_adaptive, config.spec_min_acceptance, config.spec_probe_interval) == (True, 0.25, 16)
 
 
-@pytest.mark.parametrize("name, raw, fragment", [
-    ("spec_min_acceptance", "1.5", "'spec_min_acceptance' must be between 0 and 1"),
-    ("spec_min_acceptance", "-0.1", "'spec_min_acceptance' must be between 0 and 1"),
-    ("spec_min_acceptance", "nan", "'spec_min_acceptance' must be between 0 and 1"),
-    ("spec_min_acceptance", "half", "'spec_min_acceptance' must be a number"),
-    ("spec_probe_interval", "0", "'spec_probe_interval' must be between 1"),
-    ("spec_adaptive", "sometimes", "'spec_adaptive' must be true or false"),
-])
+@pytest.mark.parametrize(
+    "name, raw, fragment",
+    [
+        ("spec_min_acceptance", "1.5", "'spec_min_acceptance' must be between 0 and 1"),
+        ("spec_min_acceptance", "-0.1", "'spec_min_acceptance' must be between 0 and 1"),
+        ("spec_min_acceptance", "nan", "'spec_min_acceptance' must be between 0 and 1"),
+        ("spec_min_acceptance", "half", "'spec_min_acceptance' must be a number"),
+        ("spec_probe_interval", "0", "'spec_probe_interval' must be between 1"),
+        ("spec_adaptive", "sometimes", "'spec_adaptive' must be true or false"),
+    ],
+)
 def test_bad_values_name_the_parameter(model_dir, name, raw, fragment):
     with pytest.raises(ConfigError, match=fragment):
         EngineConfig.from_parameters({"model": model_dir, name: raw})

@@ -1,7 +1,8 @@
-"""backend/sampling/structured_output.py: the client keys, the masks (exactly the grammar's next tokens, checked by brute
-force on a small vocabulary), compile errors and caching; and end to end on the tiny random Llama: every kind of
+"""backend/sampling/structured_output.py: the client keys, the masks (exactly the grammar's next tokens, checked by
+brute force on a small vocabulary), compile errors and caching; and end to end on the tiny random Llama: every kind of
 constraint holds under chunked prefill, n > 1, prefix caching, preemption and speculative decoding (a draft
 that breaks the grammar never gets through), and a seeded constrained request reproduces in a busy batch."""
+
 from __future__ import annotations
 
 import json
@@ -21,19 +22,22 @@ from backend.spec.proposers import Proposer
 # ----------------------------------------------------------------------------------------------- client keys
 
 
-@pytest.mark.parametrize("values, kind", [
-    ({"guided_json": {"type": "object"}}, "json"),
-    ({"guided_json": '{"type": "integer"}'}, "json"),
-    ({"guided_json_object": True}, "json_object"),
-    ({"guided_json_object": "true"}, "json_object"),
-    ({"guided_regex": "[0-9]+"}, "regex"),
-    ({"guided_choice": ["yes", "no"]}, "choice"),
-    ({"guided_grammar": 'root ::= "a" | "b"'}, "grammar"),
-    ({"guided_grammar": 'start: "a" | "b"'}, "grammar"),
-    ({"structured_outputs": {"regex": "[a-z]"}}, "regex"),
-    ({"structured_outputs": '{"choice": ["x"]}'}, "choice"),
-    ({"structured_outputs": {"json_object": True}}, "json_object"),
-])
+@pytest.mark.parametrize(
+    "values, kind",
+    [
+        ({"guided_json": {"type": "object"}}, "json"),
+        ({"guided_json": '{"type": "integer"}'}, "json"),
+        ({"guided_json_object": True}, "json_object"),
+        ({"guided_json_object": "true"}, "json_object"),
+        ({"guided_regex": "[0-9]+"}, "regex"),
+        ({"guided_choice": ["yes", "no"]}, "choice"),
+        ({"guided_grammar": 'root ::= "a" | "b"'}, "grammar"),
+        ({"guided_grammar": 'start: "a" | "b"'}, "grammar"),
+        ({"structured_outputs": {"regex": "[a-z]"}}, "regex"),
+        ({"structured_outputs": '{"choice": ["x"]}'}, "choice"),
+        ({"structured_outputs": {"json_object": True}}, "json_object"),
+    ],
+)
 def test_client_keys(values, kind):
     values = {**values, "temperature": 0}
     guided = pop_guided_decoding(values)
@@ -56,18 +60,21 @@ def test_no_constraint():
     assert pop_guided_decoding({"guided_json_object": False, "guided_regex": None}) is None
 
 
-@pytest.mark.parametrize("values, fragment", [
-    ({"guided_regex": "a", "guided_choice": ["b"]}, "at most one output constraint"),
-    ({"guided_json": '{"type": '}, "guided_json must be a JSON schema"),
-    ({"guided_json": [1, 2]}, "guided_json must be a JSON schema (an object), got list"),
-    ({"guided_choice": "yes"}, "guided_choice must be a non-empty list of non-empty strings"),
-    ({"guided_choice": ["yes", ""]}, "guided_choice must be a non-empty list of non-empty strings"),
-    ({"guided_regex": ""}, "guided_regex must be a non-empty string"),
-    ({"guided_json_object": "maybe"}, "guided_json_object must be true or false"),
-    ({"structured_outputs": {"xml": "<a/>"}}, "unknown structured_outputs key(s) ['xml']"),
-    ({"structured_outputs": "[1]"}, "structured_outputs must be an object, got list"),
-    ({"structured_outputs": "{"}, "structured_outputs must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "at most one output constraint"),
+        ({"guided_json": '{"type": '}, "guided_json must be a JSON schema"),
+        ({"guided_json": [1, 2]}, "guided_json must be a JSON schema (an object), got list"),
+        ({"guided_choice": "yes"}, "guided_choice must be a non-empty list of non-empty strings"),
+        ({"guided_choice": ["yes", ""]}, "guided_choice must be a non-empty list of non-empty strings"),
+        ({"guided_regex": ""}, "guided_regex must be a non-empty string"),
+        ({"guided_json_object": "maybe"}, "guided_json_object must be true or false"),
+        ({"structured_outputs": {"xml": "<a/>"}}, "unknown structured_outputs key(s) ['xml']"),
+        ({"structured_outputs": "[1]"}, "structured_outputs must be an object, got list"),
+        ({"structured_outputs": "{"}, "structured_outputs must be a JSON object"),
+    ],
+)
 def test_malformed_constraints(values, fragment):
     with pytest.raises(InvalidRequest) as info:
         pop_guided_decoding(values)
@@ -97,7 +104,9 @@ def small_vocab(tmp_path_factory) -> str:
 
 def expected_mask(language: set[str], text: str) -> set[int]:
     """Brute force: the tokens that keep `text` a prefix of a word of the finite `language`; EOS if it is one."""
-    allowed = {i for i, t in enumerate(SMALL_TOKENS) if i != SMALL_EOS and any(w.startswith(text + t) for w in language)}
+    allowed = {
+        i for i, t in enumerate(SMALL_TOKENS) if i != SMALL_EOS and any(w.startswith(text + t) for w in language)
+    }
     return allowed | ({SMALL_EOS} if text in language else set())
 
 
@@ -115,11 +124,14 @@ def allowed_rows(logits: torch.Tensor) -> list[set[int]]:
 LANGUAGE = {"ab", "abc", "yes", "no", "noon", "bc"}
 
 
-@pytest.mark.parametrize("values", [
-    {"guided_choice": sorted(LANGUAGE)},
-    {"guided_regex": "ab|abc|yes|no(on)?|bc"},
-    {"guided_grammar": 'root ::= "ab" "c"? | "yes" | "no" | "noon" | "bc"'},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"guided_choice": sorted(LANGUAGE)},
+        {"guided_regex": "ab|abc|yes|no(on)?|bc"},
+        {"guided_grammar": 'root ::= "ab" "c"? | "yes" | "no" | "noon" | "bc"'},
+    ],
+)
 def test_masks_allow_exactly_the_grammars_next_tokens(small_vocab, values):
     structured = StructuredOutput(small_vocab, len(SMALL_TOKENS))
     compiled = structured.compiler.compile(pop_guided_decoding(values)).result(timeout=30)
@@ -132,7 +144,11 @@ def test_masks_allow_exactly_the_grammars_next_tokens(small_vocab, values):
         assert all(matcher.consume_token(tok[t]) for t in consumed)
         matchers.append(matcher)
     drafts = ["no", "a", "n", "yes"]  # "no", then "noa" breaks the grammar (later rows are never used)
-    batch = [scheduled(None)] + [scheduled(m) for m in matchers] + [scheduled(compiled.deep_copy(), [tok[d] for d in drafts])]
+    batch = (
+        [scheduled(None)]
+        + [scheduled(m) for m in matchers]
+        + [scheduled(compiled.deep_copy(), [tok[d] for d in drafts])]
+    )
     logits = torch.randn(1 + len(states) + len(drafts) + 1, len(SMALL_TOKENS))
     unconstrained = logits[0].clone()
     structured.mask_logits(batch, logits)
@@ -159,13 +175,19 @@ def test_a_complete_grammar_stops_the_sequence(small_vocab):
     assert advance(compiled.deep_copy(), tok["yes"])  # a token the grammar forbids also stops it
 
 
-@pytest.mark.parametrize("values, fragment", [
-    ({"guided_regex": "(abc"}, "the regular expression does not compile: "),
-    ({"guided_json": {"type": "foo"}}, "the JSON schema does not compile: Invalid type: foo"),
-    ({"guided_grammar": "start: foo bar ::="}, "the grammar does not compile: 1(17): Expected token 'rule_name'"),
-    ({"guided_grammar": "root ::= undefined_rule"}, "guided_grammar is not a valid grammar: Failed to convert the "
-                                                    "grammar from GBNF to Lark: Rule 'undefined_rule' not found"),
-])
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"guided_regex": "(abc"}, "the regular expression does not compile: "),
+        ({"guided_json": {"type": "foo"}}, "the JSON schema does not compile: Invalid type: foo"),
+        ({"guided_grammar": "start: foo bar ::="}, "the grammar does not compile: 1(17): Expected token 'rule_name'"),
+        (
+            {"guided_grammar": "root ::= undefined_rule"},
+            "guided_grammar is not a valid grammar: Failed to convert the "
+            "grammar from GBNF to Lark: Rule 'undefined_rule' not found",
+        ),
+    ],
+)
 def test_compile_errors_name_the_problem(small_vocab, values, fragment):
     """Every grammar is turned into llguidance's and compiled off the request path; its errors name the problem."""
     compiler = GrammarCompiler(small_vocab, len(SMALL_TOKENS))
@@ -236,8 +258,11 @@ def run_all(engine, specs, prompt="Answer:"):
 
 def test_every_kind_holds_greedy_and_sampled_with_parallel_samples(make_engine):
     engine = make_engine(max_num_batched_tokens=8)  # prompts are chunked
-    specs = [(f"{kind}-{mode}", kind, p) for kind in CONSTRAINTS
-             for mode, p in (("greedy", {"temperature": 0}), ("sampled", {"n": 3, "seed": 7}))]
+    specs = [
+        (f"{kind}-{mode}", kind, p)
+        for kind in CONSTRAINTS
+        for mode, p in (("greedy", {"temperature": 0}), ("sampled", {"n": 3, "seed": 7}))
+    ]
     results = run_all(engine, specs)
     for rid, kind, p in specs:
         assert len(results[rid]) == p.get("n", 1)
@@ -315,7 +340,7 @@ def test_greedy_constrained_output_is_unchanged_by_speculation(make_engine):
     drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total") - drafted
     accepted = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total") - accepted
     assert 0 < accepted < drafted  # the unconstrained draft is often right, sometimes forbidden
-    for rid, kind, _ in specs:
+    for rid, _kind, _ in specs:
         assert [s.token_ids for s in speculated[rid]] == [s.token_ids for s in plain[rid]], rid
     check_pool_empty(engine)
 
@@ -324,8 +349,9 @@ def test_seeded_constrained_request_is_the_same_alone_and_in_a_busy_batch(make_e
     engine = make_engine(max_num_batched_tokens=16)
     alone = run_all(engine, [("seeded", "json", {"seed": 11, "temperature": 0.9})])["seeded"][0]
     busy = [(f"other-{kind}-{i}", kind, {"seed": 100 + i, "n": 2}) for kind in CONSTRAINTS for i in range(2)]
-    prompts = [engine.build_request(f"free-{i}", "Tell me a story", SamplingParams(max_tokens=30, seed=i))
-               for i in range(3)]
+    prompts = [
+        engine.build_request(f"free-{i}", "Tell me a story", SamplingParams(max_tokens=30, seed=i)) for i in range(3)
+    ]
     requests = prompts + [engine.build_request(rid, f"Answer: {rid}", constrained(kind, **p)) for rid, kind, p in busy]
     requests.insert(4, engine.build_request("seeded", "Answer: seeded", constrained("json", seed=11, temperature=0.9)))
     results = run(engine, requests)
@@ -350,11 +376,16 @@ def test_a_compiler_crash_fails_only_its_request(small_vocab):
 
     crashed, compiled = Future(), Future()
     crashed.set_exception(RuntimeError("out of memory"))
-    compiled.set_result(GrammarCompiler(small_vocab, len(SMALL_TOKENS)).compile(
-        pop_guided_decoding({"guided_choice": ["ab"]})).result(timeout=30))
+    compiled.set_result(
+        GrammarCompiler(small_vocab, len(SMALL_TOKENS))
+        .compile(pop_guided_decoding({"guided_choice": ["ab"]}))
+        .result(timeout=30)
+    )
     seqs = [SimpleNamespace(matcher=None) for _ in range(2)]
-    requests = [SimpleNamespace(compiling=True, grammar=crashed, error=None, sequences=[]),
-                SimpleNamespace(compiling=True, grammar=compiled, error=None, sequences=seqs)]
+    requests = [
+        SimpleNamespace(compiling=True, grammar=crashed, error=None, sequences=[]),
+        SimpleNamespace(compiling=True, grammar=compiled, error=None, sequences=seqs),
+    ]
     StructuredOutput(small_vocab, len(SMALL_TOKENS)).prepare(requests)
     assert requests[0].error == "the output constraint could not be compiled: out of memory"
     assert requests[1].error is None and seqs[0].matcher is not seqs[1].matcher  # a matcher each

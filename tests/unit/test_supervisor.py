@@ -1,5 +1,6 @@
 """launcher/supervisor.py: restarts a server process that exits unexpectedly, with bounded back-off, one that
 lost a Python stub, and one whose model reports a dead engine; stops on request."""
+
 from __future__ import annotations
 
 import io
@@ -10,7 +11,6 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-
 
 from launcher.supervisor import Supervisor, dead_engines, describe_exit, stub_processes
 
@@ -30,8 +30,10 @@ def test_describe_exit_names_the_signal():
 
 
 def test_dead_engines_reads_the_gauge():
-    text = ('# TYPE llm_engine_alive gauge\nllm_engine_alive{model="a",version="1"} 1\n'
-            'llm_engine_alive{model="b",version="1"} 0\nllm_engine_alive_x{model="c"} 0\n')
+    text = (
+        '# TYPE llm_engine_alive gauge\nllm_engine_alive{model="a",version="1"} 1\n'
+        'llm_engine_alive{model="b",version="1"} 0\nllm_engine_alive_x{model="c"} 0\n'
+    )
     assert dead_engines(text) == ['model="b",version="1"']
 
 
@@ -80,8 +82,14 @@ def test_a_dead_engine_gauge_restarts_the_server():
     httpd = HTTPServer(("127.0.0.1", 0), Metrics)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     log = io.StringIO()
-    sup = Supervisor(lambda: python("import time; time.sleep(60)"), stop, health_interval_s=0.05,
-                     backoff_initial_s=0.01, metrics_url=f"http://127.0.0.1:{httpd.server_port}/metrics", log=log)
+    sup = Supervisor(
+        lambda: python("import time; time.sleep(60)"),
+        stop,
+        health_interval_s=0.05,
+        backoff_initial_s=0.01,
+        metrics_url=f"http://127.0.0.1:{httpd.server_port}/metrics",
+        log=log,
+    )
     runner = threading.Thread(target=sup.run)
     runner.start()
     try:
@@ -103,8 +111,10 @@ def test_a_dead_engine_gauge_restarts_the_server():
 
 def test_a_lost_stub_process_restarts_the_server():
     """A fake server with one child named like Triton's Python stub; killing the child restarts the server."""
-    code = ("import subprocess, time; subprocess.Popen(['/x/triton_python_backend_stub', '-c', 'sleep 60; true', "
-            "'a', 'b', 'c', 'd', 'e', 'llm_0_0'], executable='/bin/bash'); time.sleep(60)")
+    code = (
+        "import subprocess, time; subprocess.Popen(['/x/triton_python_backend_stub', '-c', 'sleep 60; true', "
+        "'a', 'b', 'c', 'd', 'e', 'llm_0_0'], executable='/bin/bash'); time.sleep(60)"
+    )
     log = io.StringIO()
 
     def start():
@@ -123,7 +133,7 @@ def test_a_lost_stub_process_restarts_the_server():
         while (sup.proc is None or not stub_processes(sup.proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.02)
         first = sup.proc
-        (stub_pid, name), = stub_processes(first.pid).items()
+        ((stub_pid, name),) = stub_processes(first.pid).items()
         assert name == "llm_0_0"
         time.sleep(0.2)  # the supervisor has seen it
         os.kill(stub_pid, signal.SIGKILL)

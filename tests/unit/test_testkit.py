@@ -1,4 +1,5 @@
 """testkit/: the one percentile, the one Prometheus parser, the fidelity helpers and the one Hugging Face reference."""
+
 from __future__ import annotations
 
 import ast
@@ -23,8 +24,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # ------------------------------------------------------------------------------------------------ percentile
 
 
-@pytest.mark.parametrize("values", [[1.0], [3.0, 1.0], [5, 1, 4, 2, 3], [0.5, 10.0, 10.0, 2.5, -1.0, 7.25, 3.0],
-                                    list(np.random.default_rng(0).exponential(size=101))])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1.0],
+        [3.0, 1.0],
+        [5, 1, 4, 2, 3],
+        [0.5, 10.0, 10.0, 2.5, -1.0, 7.25, 3.0],
+        list(np.random.default_rng(0).exponential(size=101)),
+    ],
+)
 @pytest.mark.parametrize("q", [0, 1, 25, 50, 75, 90, 99, 99.9, 100])
 def test_percentile_is_numpys_linear_method(values, q):
     assert percentile(values, q) == pytest.approx(float(np.percentile(values, q, method="linear")), abs=1e-12)
@@ -170,17 +179,25 @@ def test_run_concurrently_and_raise_first_error():
 
 
 def test_testkit_imports_light_and_never_imports_tests():
-    code = ("import sys, testkit, testkit.prompts, testkit.hf_reference, testkit.prometheus, testkit.stats, "
-            "testkit.fidelity, testkit.concurrency; print(sorted(m for m in ('torch', 'transformers', 'numpy') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, testkit, testkit.prompts, testkit.hf_reference, testkit.prometheus, testkit.stats, "
+        "testkit.fidelity, testkit.concurrency; print(sorted(m for m in ('torch', 'transformers', 'numpy') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
     for path in (REPO_ROOT / "testkit").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not [n for n in names if n.split(".")[0] in ("tests", "llm_testlib", "conftest", "benchmarks")], \
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            assert not [n for n in names if n.split(".")[0] in ("tests", "llm_testlib", "conftest", "benchmarks")], (
                 f"{path.name} imports {names}"
+            )
 
 
 def test_mixed_cases(tokenizer):
@@ -206,8 +223,14 @@ def test_hf_reference_is_transformers_greedy_generate(tiny_llama, tmp_path):
     ids = ref.tokenizer(prompt).input_ids
     assert ref.prompt_ids(prompt) == ids and ref.prompt_ids(ids) == ids
     with torch.no_grad():
-        want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=2)[0, len(ids):]
+        want = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=12,
+            eos_token_id=None,
+            pad_token_id=2,
+        )[0, len(ids) :]
     assert ref.greedy(ids, 12, stop_at_eos=False) == want.tolist()
     assert ref.greedy(prompt, 12, stop_at_eos=False) == want.tolist()  # text is tokenized as the server does
     got = ref.get(prompt, 12)
@@ -215,8 +238,11 @@ def test_hf_reference_is_transformers_greedy_generate(tiny_llama, tmp_path):
     expected = want.tolist()[: want.tolist().index(eos) + 1] if eos in want.tolist() else want.tolist()
     assert got.token_ids == expected  # stops after EOS
     assert got.text == ref.tokenizer.decode(expected, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-    assert torch.allclose(ref.next_logits(prompt, want[:3].tolist()),
-                          model(torch.tensor([ids + want[:3].tolist()])).logits[0, -1], atol=1e-5)
+    assert torch.allclose(
+        ref.next_logits(prompt, want[:3].tolist()),
+        model(torch.tensor([ids + want[:3].tolist()])).logits[0, -1],
+        atol=1e-5,
+    )
 
     # The cache file: a new instance answers from it without loading the model.
     entries = json.loads((tmp_path / "cache.json").read_text())["entries"]

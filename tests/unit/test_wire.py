@@ -1,5 +1,6 @@
 """backend/protocol/wire.py: the Triton wire contract agrees with the model's config.pbtxt, and error kinds survive
 the trip through a message."""
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,10 @@ def declared(section: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """The tensors config.pbtxt declares in its `input` or `output` list, as wire.py writes them."""
     text = CONFIG.read_text()
     body = text.split(f"\n{section} [", 1)[1].split("\n]", 1)[0]
-    return {name: ({"STRING": "BYTES"}.get(dtype, dtype), tuple(int(d) for d in dims.split(",")))
-            for name, dtype, dims in _TENSOR.findall(body)}
+    return {
+        name: ({"STRING": "BYTES"}.get(dtype, dtype), tuple(int(d) for d in dims.split(",")))
+        for name, dtype, dims in _TENSOR.findall(body)
+    }
 
 
 def test_inputs_match_the_model_config():
@@ -58,7 +61,9 @@ def test_error_text_is_a_string_with_a_kind():
 
 def test_the_protocol_room_imports_no_engine_library():
     """The front door and the client validate requests with this room: it must stay light."""
-    code = ("import sys, backend.protocol.wire, backend.protocol.sampling_params, backend.protocol.guided_decoding; "
-            "heavy = {'torch', 'numpy', 'llguidance', 'transformers'} & set(sys.modules); "
-            "assert not heavy, heavy")
+    code = (
+        "import sys, backend.protocol.wire, backend.protocol.sampling_params, backend.protocol.guided_decoding; "
+        "heavy = {'torch', 'numpy', 'llguidance', 'transformers'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=CONFIG.parents[2])

@@ -7,6 +7,7 @@ source's hash and the torch version. `make venv` builds it (`python -m backend.m
 no build makes one at load (about a minute on 2 cores) or, where that fails, runs the pure-torch path and says
 why in the load log.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,8 +52,11 @@ def load():
             build_dir = cache_dir() / key
             build_dir.mkdir(parents=True, exist_ok=True)
             module = cpp_extension.load(
-                name=f"llm_kernels_{key}", sources=[str(p) for p in SOURCES], build_directory=str(build_dir),
-                extra_cflags=["-O3", "-std=c++17", "-ffp-contract=off"], verbose=False,
+                name=f"llm_kernels_{key}",
+                sources=[str(p) for p in SOURCES],
+                build_directory=str(build_dir),
+                extra_cflags=["-O3", "-std=c++17", "-ffp-contract=off"],
+                verbose=False,
             )
         except Exception as exc:  # a missing compiler or ninja: the pure-torch path still serves
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"

@@ -4,6 +4,7 @@ Decoupled: `execute` returns at once; the engine loop's output sender thread sen
 the request's response sender (the last one with the FINAL flag) and polls `is_cancelled()`, so the engine
 thread never waits on a round trip to the server.
 """
+
 import dataclasses
 import json
 import logging
@@ -62,8 +63,9 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except (InvalidRequest, ServerBusy, EngineStopped) as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(str(exc), exc.kind))),
-                            flags=FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(str(exc), exc.kind))), flags=FINAL
+                )
         return None
 
     def _submit(self, request, sender):
@@ -72,13 +74,15 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
-        parsed = parse_request(
-            tensors, request.parameters(), self.engine.config.max_n, self.engine.max_model_len
-        )
+        parsed = parse_request(tensors, request.parameters(), self.engine.config.max_n, self.engine.max_model_len)
         writer = _ResponseWriter(sender, parsed.outputs, self.token_texts)
         engine_request = self.engine.build_request(
-            uuid.uuid4().hex, parsed.prompt, parsed.params, stream=parsed.stream,
-            on_output=writer.send, is_cancelled=sender.is_cancelled,
+            uuid.uuid4().hex,
+            parsed.prompt,
+            parsed.params,
+            stream=parsed.stream,
+            on_output=writer.send,
+            is_cancelled=sender.is_cancelled,
         )
         # non-streaming: the prompt (as text, also for input_ids) comes first unless excluded
         writer.prompt_prefix = "" if parsed.exclude_input_in_output else engine_request.prompt
@@ -88,13 +92,21 @@ class TritonPythonModel:
     def _watch(self, sender):
         """A batch view watch (`"batch_view": true`): the engine's step records stream back as JSON in
         `text_output` until the client cancels."""
-        def send(text):
-            sender.send(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object))]
-            ))
 
-        WatchStream(self.engine.watchers, engine_summary(self.engine), send, sender.is_cancelled,
-                    lambda: sender.send(flags=FINAL)).start()
+        def send(text):
+            sender.send(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object))]
+                )
+            )
+
+        WatchStream(
+            self.engine.watchers,
+            engine_summary(self.engine),
+            send,
+            sender.is_cancelled,
+            lambda: sender.send(flags=FINAL),
+        ).start()
 
     def finalize(self):
         self.engine.watchers.close()
@@ -114,8 +126,9 @@ class _ResponseWriter:
 
     def send(self, output: RequestOutput):
         if output.error is not None:
-            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(output.error))),
-                             flags=FINAL)
+            self.sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(output.error))), flags=FINAL
+            )
             return
         if not output.samples:  # finished with nothing new to say
             self.sender.send(flags=FINAL)
