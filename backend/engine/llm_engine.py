@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer
 
 from backend.core.block_manager import BlockManager
 from backend.core.config import ConfigError, EngineConfig
@@ -21,9 +21,9 @@ from backend.core.metrics import EngineMetrics
 from backend.core.output_processor import OutputProcessor
 from backend.core.request import FinishReason, Request, RequestOutput, Sequence
 from backend.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from backend.engine.model_loading import eos_token_ids, make_proposer, resolve_weights
 from backend.engine.step_records import StepWatchers, describe, step_record
-from backend.model import kernels
-from backend.model.hardware import resolve_for_model, serving_threads
+from backend.model.hardware import serving_threads
 from backend.model.runner import DTYPES, ForwardItem, ModelRunner
 from backend.protocol.sampling_params import SamplingParams
 from backend.protocol.values import InvalidRequest
@@ -31,7 +31,6 @@ from backend.protocol.wire import INTERNAL, ErrorText
 from backend.sampling.sampler import Sampler
 from backend.sampling.structured_output import StructuredOutput
 from backend.spec.decoder import SpeculativeDecoder
-from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +42,7 @@ PROMPT_BYTES_PER_TOKEN = 16
 class LLMEngine:
     def __init__(self, config: EngineConfig, metrics: EngineMetrics | None = None):
         self.requested_quantization = config.quantization  # the draft model resolves its own from it
-        dtype, quantization = _resolve_weights(config, config.model, config.dtype, config.quantization)
+        dtype, quantization = resolve_weights(config, config.model, config.dtype, config.quantization)
         config = self.config = dataclasses.replace(config, dtype=dtype, quantization=quantization)
         self.metrics = metrics or EngineMetrics()
         # torch threads for a step of one sequence and for a larger one (num_threads: 0 picks by measurement)
@@ -72,7 +71,7 @@ class LLMEngine:
         log.info("model path %s; linear layers: %s", self.runner.impl, self.runner.kernel)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)  # the engine thread's (decoding)
         self.input_tokenizer = AutoTokenizer.from_pretrained(config.model)  # callers' thread (encoding)
-        self.eos_token_ids = _eos_token_ids(config.model, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(config.model, self.tokenizer)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler(shape.vocab_size, self.eos_token_ids)
@@ -81,7 +80,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(
             self.scheduler, self.sampler, self.metrics, self.eos_token_ids, self.max_model_len
         )
-        proposer = self._make_proposer(num_blocks)
+        proposer = make_proposer(config, self.requested_quantization, num_blocks, self.vocab_size, self.sampler)
         self.spec: SpeculativeDecoder | None = None
         if proposer is not None:
             self.spec = SpeculativeDecoder(
@@ -106,34 +105,6 @@ class LLMEngine:
         self.metrics.set("llm_kv_cache_blocks_total", num_blocks)
         self.metrics.set("llm_engine_alive", 1)
         self.update_gauges()
-
-    def _make_proposer(self, num_blocks: int) -> Proposer | None:
-        config = self.config
-        if not config.speculative:
-            return None
-        if config.draft_model == "ngram":
-            return NgramProposer(config.ngram_min, config.ngram_max)
-        path = config.model if config.draft_model == "self" else config.draft_model
-        requested = self.requested_quantization
-        if requested in ("gguf", "q8_0") and config.draft_dtype != "float32":
-            requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows
-        dtype, quantization = _resolve_weights(config, path, config.draft_dtype, requested)
-        runner = ModelRunner(
-            path,
-            dtype,
-            config.block_size,
-            num_blocks,
-            config.device,
-            config.model_impl,
-            quantization,
-            config.max_lowbit_rows,
-        )
-        if runner.shape.vocab_size < self.vocab_size:
-            raise ConfigError(
-                f"parameter 'draft_model': its vocabulary ({runner.shape.vocab_size}) is smaller than the "
-                f"target's ({self.vocab_size}); the draft must share the target's tokenizer"
-            )
-        return DraftModelProposer(runner, self.sampler)
 
     # ---- admission ------------------------------------------------------------------------------------
     def build_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, **kwargs) -> Request:
@@ -388,34 +359,3 @@ def _prompt_logprob_rows(s: ScheduledSeq) -> int:
     if not s.seq.request.computing_prompt_logprobs or not s.is_prefill:
         return 0
     return max(0, min(s.start + s.num_new_tokens, s.seq.num_prompt_tokens - 1) - s.start)
-
-
-def _eos_token_ids(model_path: str, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    try:
-        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
-    except OSError:
-        eos = None
-    for value in (eos, tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(value)
-    return ids
-
-
-def _resolve_weights(config: EngineConfig, model: str, dtype: str, quantization: str) -> tuple[str, str]:
-    """The dtype and weight kind that `model` is served in, logged with the reason."""
-    try:
-        dtype, quantization, why, isa = resolve_for_model(model, dtype, quantization, config.device)
-    except ValueError as exc:
-        raise ConfigError(f"parameter 'quantization': {exc}") from None
-    log.info(
-        "%s: dtype %s, quantization %s (%s; kernel instruction set: %s)",
-        model,
-        dtype,
-        quantization,
-        why,
-        kernels.ISA_NAMES[isa],
-    )
-    return dtype, quantization

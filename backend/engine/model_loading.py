@@ -1,0 +1,81 @@
+"""What the engine loads besides the target model: the dtype and weight kind a model is served in (logged with
+the reason), its end-of-sequence token ids, and the speculative proposer its configuration asks for."""
+
+from __future__ import annotations
+
+import logging
+
+from transformers import GenerationConfig
+
+from backend.core.config import ConfigError, EngineConfig
+from backend.model import kernels
+from backend.model.hardware import resolve_for_model
+from backend.model.runner import ModelRunner
+from backend.sampling.sampler import Sampler
+from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
+
+log = logging.getLogger(__name__)
+
+
+def resolve_weights(config: EngineConfig, model: str, dtype: str, quantization: str) -> tuple[str, str]:
+    """The dtype and weight kind that `model` is served in, logged with the reason."""
+    try:
+        dtype, quantization, why, isa = resolve_for_model(model, dtype, quantization, config.device)
+    except ValueError as exc:
+        raise ConfigError(f"parameter 'quantization': {exc}") from None
+    log.info(
+        "%s: dtype %s, quantization %s (%s; kernel instruction set: %s)",
+        model,
+        dtype,
+        quantization,
+        why,
+        kernels.ISA_NAMES[isa],
+    )
+    return dtype, quantization
+
+
+def eos_token_ids(model_path: str, tokenizer) -> set[int]:
+    """The model's generation config's EOS ids and the tokenizer's."""
+    ids: set[int] = set()
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:
+        eos = None
+    for value in (eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(value)
+    return ids
+
+
+def make_proposer(
+    config: EngineConfig, requested_quantization: str, num_blocks: int, vocab_size: int, sampler: Sampler
+) -> Proposer | None:
+    """The configured proposer: none, n-gram lookup, or a draft model (the target's own weights for `self`) with
+    a KV cache of `num_blocks` blocks, which must share the target's vocabulary of `vocab_size` tokens."""
+    if not config.speculative:
+        return None
+    if config.draft_model == "ngram":
+        return NgramProposer(config.ngram_min, config.ngram_max)
+    path = config.model if config.draft_model == "self" else config.draft_model
+    requested = requested_quantization
+    if requested in ("gguf", "q8_0") and config.draft_dtype != "float32":
+        requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows
+    dtype, quantization = resolve_weights(config, path, config.draft_dtype, requested)
+    runner = ModelRunner(
+        path,
+        dtype,
+        config.block_size,
+        num_blocks,
+        config.device,
+        config.model_impl,
+        quantization,
+        config.max_lowbit_rows,
+    )
+    if runner.shape.vocab_size < vocab_size:
+        raise ConfigError(
+            f"parameter 'draft_model': its vocabulary ({runner.shape.vocab_size}) is smaller than the "
+            f"target's ({vocab_size}); the draft must share the target's tokenizer"
+        )
+    return DraftModelProposer(runner, sampler)
