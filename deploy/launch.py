@@ -20,38 +20,19 @@ Standard library only, like the launcher.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
 
+from launcher.model_config import set_parameter, with_absolute_model
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "LLM_PARAM_"
-_ENTRY = r'\{{\s*key:\s*"{key}"\s*,\s*value:\s*\{{\s*string_value:\s*"([^"]*)"\s*\}}\s*\}}'
 
 
 def overrides(environ: dict[str, str]) -> dict[str, str]:
     """{parameter: value} of the LLM_PARAM_* variables."""
     return {k[len(PREFIX) :].lower(): v for k, v in sorted(environ.items()) if k.startswith(PREFIX) and v}
-
-
-def get_parameter(config_text: str, key: str) -> str | None:
-    match = re.search(_ENTRY.format(key=re.escape(key)), config_text)
-    return match.group(1) if match else None
-
-
-def set_parameter(config_text: str, key: str, value: str) -> str:
-    """config.pbtxt text with parameter `key` set to `value` (replaced where present, else added)."""
-    if '"' in value or "\\" in value:
-        raise ValueError(f"parameter {key}: quotes and backslashes are not supported in values ({value!r})")
-    entry = f'{{ key: "{key}", value: {{ string_value: "{value}" }} }}'
-    pattern = re.compile(_ENTRY.format(key=re.escape(key)))
-    if pattern.search(config_text):
-        return pattern.sub(lambda _: entry, config_text, count=1)
-    block = re.search(r"^parameters\s*\[[ \t]*\n?", config_text, re.MULTILINE)
-    if block is None:
-        return config_text.rstrip() + f"\n\nparameters [\n  {entry}\n]\n"
-    return config_text[: block.end()] + f"  {entry},\n" + config_text[block.end() :]
 
 
 def write_repository(source: Path, target: Path, params: dict[str, str]) -> Path:
@@ -67,10 +48,7 @@ def write_repository(source: Path, target: Path, params: dict[str, str]) -> Path
         text = (model / "config.pbtxt").read_text()
         for key, value in params.items():
             text = set_parameter(text, key, value)
-        path = get_parameter(text, "model")
-        if path and not Path(path).is_absolute():
-            text = set_parameter(text, "model", str((model / path).resolve()))
-        (target / model.name / "config.pbtxt").write_text(text)
+        (target / model.name / "config.pbtxt").write_text(with_absolute_model(text, model))
     return target
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import pytest
 
 import launcher
+from launcher.model_config import write_model_repository
 
 # The one Prometheus parser and the one Hugging Face greedy reference (float32, batch 1, stops after EOS, its
 # outputs kept in a JSON file) live in testkit; imported here too, as tests import them from conftest.
@@ -42,7 +42,6 @@ from testkit.prometheus import MetricKey, parse_prometheus  # noqa: F401
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
 
-SOURCE_MODEL_DIR = REPO_ROOT / "model_repository" / "llm"
 MODEL_DIR = (REPO_ROOT / "models" / "smollm2-135m-instruct").resolve()
 
 # Every variant the session's server loads: model name -> engine parameters that differ from
@@ -106,7 +105,6 @@ VARIANTS: dict[str, dict[str, str]] = {
 # Triton models the session's front door serves (the first is the one its batch view shows).
 FRONTEND_MODELS = ("llm", "llm_small_queue", "llm_default")
 
-_PARAM_RE = re.compile(r'\{\s*key:\s*"([^"]+)"\s*,\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
 _LOG_PATH: Path | None = None  # for the failure summary
 
 
@@ -115,61 +113,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(HERE):
             item.add_marker(pytest.mark.integration)
-
-
-# ------------------------------------------------------------------------------------------ model repository
-
-
-def base_parameters(config_text: str) -> dict[str, str]:
-    """The `parameters [...]` key/values of a config.pbtxt."""
-    block = _parameters_block(config_text)
-    return dict(_PARAM_RE.findall(config_text[block[0] : block[1]])) if block else {}
-
-
-def _parameters_block(text: str) -> tuple[int, int] | None:
-    """(start, end) of the top-level `parameters [ ... ]` section, brackets balanced."""
-    match = re.search(r"^parameters\s*\[", text, re.MULTILINE)
-    if not match:
-        return None
-    depth, i = 0, match.end() - 1
-    while i < len(text):
-        if text[i] == "[":
-            depth += 1
-        elif text[i] == "]":
-            depth -= 1
-            if depth == 0:
-                return match.start(), i + 1
-        i += 1
-    raise ValueError("unbalanced parameters [ ... ] in config.pbtxt")
-
-
-def variant_config(config_text: str, name: str, overrides: dict[str, str]) -> str:
-    """config.pbtxt text for a variant: its name and its parameters (base values, then overrides)."""
-    params = base_parameters(config_text)
-    params["model"] = str(MODEL_DIR)
-    params.update({k: str(v) for k, v in overrides.items()})
-    lines = ",\n".join(f'  {{ key: "{k}", value: {{ string_value: "{v}" }} }}' for k, v in params.items())
-    section = f"parameters [\n{lines}\n]"
-    text, count = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', config_text, count=1, flags=re.MULTILINE)
-    if count != 1:
-        raise ValueError("no top-level name: in config.pbtxt")
-    block = _parameters_block(text)
-    if block:
-        text = text[: block[0]] + section + text[block[1] :]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    return text
-
-
-def write_model_repository(root: Path, variants: dict[str, dict[str, str]]) -> Path:
-    config_text = (SOURCE_MODEL_DIR / "config.pbtxt").read_text()
-    root.mkdir(parents=True, exist_ok=True)
-    for name, overrides in variants.items():
-        version_dir = root / name / "1"
-        version_dir.mkdir(parents=True)
-        (version_dir / "model.py").symlink_to(SOURCE_MODEL_DIR / "1" / "model.py")
-        (root / name / "config.pbtxt").write_text(variant_config(config_text, name, overrides))
-    return root
 
 
 # --------------------------------------------------------------------------------------------------- metrics

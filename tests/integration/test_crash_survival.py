@@ -17,10 +17,11 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import REPO_ROOT, write_model_repository
+from conftest import REPO_ROOT
 
 import launcher
 from client import ServerError, generate_http, stream_grpc
+from launcher.model_config import write_model_repository
 from launcher.supervisor import stub_processes
 
 pytestmark = pytest.mark.integration

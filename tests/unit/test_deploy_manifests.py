@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from deploy import check, launch
+from launcher.model_config import get_parameter
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,17 +170,6 @@ def test_overrides_come_from_llm_param_variables():
     assert launch.overrides(env) == {"dtype": "bfloat16", "num_threads": "4"}
 
 
-def test_set_parameter_replaces_or_adds():
-    text = launch.set_parameter(CONFIG, "dtype", "bfloat16")
-    assert launch.get_parameter(text, "dtype") == "bfloat16" and text.count('key: "dtype"') == 1
-    text = launch.set_parameter(text, "num_threads", "4")
-    assert launch.get_parameter(text, "num_threads") == "4"
-    assert launch.get_parameter(text, "model") == "../../models/m"
-    assert launch.get_parameter(launch.set_parameter('name: "x"\n', "device", "cuda"), "device") == "cuda"
-    with pytest.raises(ValueError):
-        launch.set_parameter(CONFIG, "dtype", 'a"b')
-
-
 def test_write_repository_links_the_model_and_makes_its_path_absolute(tmp_path):
     source = tmp_path / "repo"
     (source / "llm" / "1").mkdir(parents=True)
@@ -190,8 +180,8 @@ def test_write_repository_links_the_model_and_makes_its_path_absolute(tmp_path):
     assert sorted(p.name for p in target.iterdir()) == ["llm"]
     assert (target / "llm" / "1").is_symlink() and (target / "llm" / "1" / "model.py").read_text() == "# model\n"
     text = (target / "llm" / "config.pbtxt").read_text()
-    assert launch.get_parameter(text, "num_threads") == "2"
-    assert launch.get_parameter(text, "model") == str((source / "llm" / "../../models/m").resolve())
+    assert get_parameter(text, "num_threads") == "2"
+    assert get_parameter(text, "model") == str((source / "llm" / "../../models/m").resolve())
     launch.write_repository(source, target, {})  # rewritten in place on the next start
 
 

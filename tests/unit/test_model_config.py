@@ -1,0 +1,63 @@
+"""launcher/model_config.py: engine parameters read from and set in a config.pbtxt, and a repository of variants
+written from one model (as the integration tests and the benchmarks write theirs)."""
+
+from pathlib import Path
+
+import pytest
+
+from launcher.model_config import get_parameter, read_parameters, set_parameter, write_model_repository
+
+CONFIG = """name: "llm"
+backend: "python"
+
+parameters [
+  { key: "model", value: { string_value: "../../models/m" } },
+  { key: "dtype", value: { string_value: "auto" } }
+]
+"""
+
+
+def test_set_parameter_replaces_or_adds():
+    text = set_parameter(CONFIG, "dtype", "bfloat16")
+    assert get_parameter(text, "dtype") == "bfloat16" and text.count('key: "dtype"') == 1
+    text = set_parameter(text, "num_threads", "4")
+    assert get_parameter(text, "num_threads") == "4"
+    assert get_parameter(text, "model") == "../../models/m"
+    assert get_parameter(set_parameter('name: "x"\n', "device", "cuda"), "device") == "cuda"
+    with pytest.raises(ValueError):
+        set_parameter(CONFIG, "dtype", 'a"b')
+
+
+def test_read_parameters_makes_the_model_path_absolute(tmp_path):
+    (tmp_path / "llm").mkdir()
+    (tmp_path / "llm" / "config.pbtxt").write_text(CONFIG)
+    params = read_parameters(tmp_path / "llm" / "config.pbtxt")
+    assert params == {"model": str(tmp_path.parent.resolve() / "models" / "m"), "dtype": "auto"}
+
+
+def test_the_shipped_config_names_the_prepared_model():
+    params = read_parameters()
+    assert Path(params["model"]) == (Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct")
+
+
+def test_write_model_repository_writes_one_model_per_variant(tmp_path):
+    source = tmp_path / "src" / "llm"
+    (source / "1").mkdir(parents=True)
+    (source / "1" / "model.py").write_text("# model\n")
+    (source / "config.pbtxt").write_text(CONFIG)
+    root = write_model_repository(
+        tmp_path / "repo", {"llm": {}, "llm_fp32": {"dtype": "float32", "max_num_seqs": 4}}, source
+    )
+    assert sorted(p.name for p in root.iterdir()) == ["llm", "llm_fp32"]
+    model = str((tmp_path / "models" / "m").resolve())
+    for name, dtype in (("llm", "auto"), ("llm_fp32", "float32")):
+        text = (root / name / "config.pbtxt").read_text()
+        assert text.startswith(f'name: "{name}"\n')
+        assert get_parameter(text, "dtype") == dtype and get_parameter(text, "model") == model
+        assert (root / name / "1" / "model.py").is_symlink()
+        assert (root / name / "1" / "model.py").read_text() == "# model\n"
+    assert get_parameter((root / "llm_fp32" / "config.pbtxt").read_text(), "max_num_seqs") == "4"
+    assert get_parameter((root / "llm" / "config.pbtxt").read_text(), "max_num_seqs") is None
+    with pytest.raises(ValueError, match="no top-level name"):
+        (source / "config.pbtxt").write_text('backend: "python"\n')
+        write_model_repository(tmp_path / "other", {"x": {}}, source)
