@@ -20,7 +20,7 @@ from backend.protocol.wire import INTERNAL, SERVER_BUSY, UNAVAILABLE
 
 from .admission import Admission
 from .errors import APIError, bad_request, internal_error, server_busy, unavailable
-from .openai_protocol import Generation
+from .generation import Generation
 from .openai_responses import Choice, ResponseFormat, Usage
 from .triton_stream import EngineError, SampleDelta, TritonLLM
 

@@ -1,48 +1,23 @@
-"""OpenAI request bodies checked and mapped onto the model's inputs (docs/frontend.md has the table).
+"""/v1/chat/completions and /v1/completions bodies checked and mapped onto the model's inputs (docs/frontend.md
+has the table).
 
-A chat or completion body becomes a `Generation`: the prompt text(s) to send as `text_input`, or token ids
-as `input_ids` (one Triton request per prompt; chat messages go through the model's chat template) and the
-JSON for the model's `sampling_parameters`. Every field is type-checked here, and the sampling values are
-validated with the engine's own rules (backend/protocol/sampling_params.py) before anything is sent, so a bad value is
-a 400 naming the OpenAI parameter. A field this server does not act on is a 400, never silently ignored.
+A chat or completion body becomes a `Generation` (frontend/generation.py): the prompt text(s) to send as
+`text_input`, or token ids as `input_ids` (one Triton request per prompt; chat messages go through the model's
+chat template) and the JSON for the model's `sampling_parameters`. Every field is type-checked
+(frontend/request_fields.py) before anything is sent, and a field this server does not act on is a 400, never
+silently ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from backend.protocol.sampling_params import SamplingParams
-from backend.protocol.values import InvalidRequest
+from .errors import bad_request, unsupported
+from .generation import PASSTHROUGH, Generation, make_generation
+from .request_fields import check_fields, served_model
+from .tools import conversation, parse_tool_calling, tool_constraint
 
-from .errors import bad_request, model_not_found, unsupported
-from .tools import ToolCalling, conversation, parse_tool_calling, tool_constraint
-
-# OpenAI (and vLLM-extra) parameters passed through to sampling_parameters under the same name.
-PASSTHROUGH = (
-    "temperature",
-    "top_p",
-    "n",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "ignore_eos",
-    "min_tokens",
-    "stop_token_ids",
-    # vLLM's structured-output extras (the openai SDK sends them with extra_body)
-    "guided_json",
-    "guided_json_object",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-    "logit_bias",
-)
 DEFAULT_MAX_PROMPTS_PER_REQUEST = 64
 COMMON = frozenset(
     PASSTHROUGH + ("model", "max_tokens", "stream", "stream_options", "user", "return_tokens_as_token_ids")
@@ -58,86 +33,7 @@ CHAT_FIELDS = COMMON | {
     "parallel_tool_calls",
 }
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "suffix", "best_of"}
-# OpenAI parameters this server knows of and cannot honour: a 400 that says so (not "unknown").
-UNSUPPORTED = frozenset(
-    {
-        "functions",
-        "function_call",
-        "audio",
-        "modalities",
-        "prediction",
-        "reasoning_effort",
-        "web_search_options",
-        "store",
-        "metadata",
-        "service_tier",
-    }
-)
 ROLES = ("system", "developer", "user", "assistant", "tool")
-
-_INT = (int,)
-_NUMBER = (int, float)
-# JSON types of each field (bool is checked apart: JSON true is not a number here).
-TYPES: dict[str, tuple] = {
-    "max_tokens": _INT,
-    "max_completion_tokens": _INT,
-    "n": _INT,
-    "seed": _INT,
-    "top_k": _INT,
-    "min_tokens": _INT,
-    "top_logprobs": _INT,
-    "best_of": _INT,
-    "temperature": _NUMBER,
-    "top_p": _NUMBER,
-    "presence_penalty": _NUMBER,
-    "frequency_penalty": _NUMBER,
-    "min_p": _NUMBER,
-    "repetition_penalty": _NUMBER,
-    "stream": (bool,),
-    "echo": (bool,),
-    "ignore_eos": (bool,),
-    "return_tokens_as_token_ids": (bool,),
-    "model": (str,),
-    "user": (str,),
-    "stop": (str, list),
-    "stop_token_ids": (list,),
-    "logit_bias": (dict,),
-    "stream_options": (dict,),
-    "messages": (list,),
-    "prompt": (str, list),
-    "response_format": (dict,),
-    "tools": (list,),
-    "tool_choice": (str, dict),
-    "parallel_tool_calls": (bool,),
-}
-_TYPE_NAMES = {
-    int: "an integer",
-    float: "a number",
-    bool: "a boolean",
-    str: "a string",
-    list: "an array",
-    dict: "an object",
-}
-
-
-@dataclass
-class Generation:
-    """One OpenAI request in the model's terms."""
-
-    model: str
-    prompts: list[str | list[int]]  # text or token ids; each is one Triton request; choice = prompt * n + sample
-    sampling: dict[str, Any]  # the model's sampling_parameters
-    n: int
-    stream: bool
-    include_usage: bool  # streaming: a last chunk with usage (stream_options.include_usage)
-    echo: bool  # completions: the prompt comes before the completion text
-    logprobs: int | None  # None: none; k: each token's logprob and its top k alternatives
-    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
-    tool_calling: ToolCalling | None = None  # chat: tools the model may call (their calls parsed from its text)
-
-    @property
-    def num_choices(self) -> int:
-        return len(self.prompts) * self.n
 
 
 def parse_chat(
@@ -241,37 +137,6 @@ def parse_completion(
     return make_generation(body, model, prompts, max_tokens, logprobs, echo, {}, scoring)
 
 
-def check_fields(
-    body: Any, allowed: frozenset, refused: frozenset = UNSUPPORTED, field_types: dict[str, tuple] = TYPES
-) -> dict:
-    """The body's fields without nulls (null means the default), each known and of its JSON type;
-    `refused`: the route's known fields this server cannot honour (400 unsupported_parameter)."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    body = {k: v for k, v in body.items() if v is not None}
-    for key in sorted(body):
-        if key in refused:
-            raise unsupported(key)
-        if key not in allowed:
-            raise bad_request(
-                f"unrecognized request argument '{key}'; supported: {sorted(allowed)}", key, "unknown_parameter"
-            )
-        types = field_types.get(key)
-        value = body[key]
-        if types is not None and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-            raise bad_request(f"{key} must be {' or '.join(_TYPE_NAMES[t] for t in types)}, got {value!r}", key)
-    return body
-
-
-def served_model(body: dict, served: list[str]) -> str:
-    model = body.get("model")
-    if model is None:
-        raise bad_request("model is required", "model")
-    if model not in served:
-        raise model_not_found(model, served)
-    return model
-
-
 def chat_messages(messages: Any) -> list[dict]:
     if not messages:
         raise bad_request("messages must be a non-empty array", "messages")
@@ -359,53 +224,3 @@ def completion_prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def make_generation(
-    body: dict,
-    model: str,
-    prompts: list[str],
-    max_tokens: Any,
-    logprobs: int | None,
-    echo: bool,
-    names: dict[str, str],
-    constraint: dict[str, Any] | None = None,
-) -> Generation:
-    stream = body.get("stream", False)
-    options = body.get("stream_options")
-    if options is not None:
-        if not stream:
-            raise bad_request("stream_options is only allowed with stream: true", "stream_options")
-        extra = set(options) - {"include_usage"}
-        if extra:
-            raise unsupported(f"stream_options.{sorted(extra)[0]}")
-        if not isinstance(options.get("include_usage", False), bool):
-            raise bad_request("stream_options.include_usage must be a boolean", "stream_options.include_usage")
-    sampling = {key: body[key] for key in PASSTHROUGH if key in body}
-    sampling["max_tokens"] = max_tokens
-    sampling.update(constraint or {})
-    if logprobs is not None:
-        sampling["logprobs"] = logprobs
-    _validate(sampling, names)
-    return Generation(
-        model,
-        prompts,
-        sampling,
-        sampling.get("n", 1),
-        stream,
-        bool((options or {}).get("include_usage")),
-        echo,
-        logprobs,
-        body.get("return_tokens_as_token_ids", False),
-    )
-
-
-def _validate(sampling: dict, names: dict[str, str]) -> None:
-    """The engine's own checks (its per-model limits, such as the largest n, are checked when it is sent);
-    `names`: the OpenAI parameter behind an engine key where they differ."""
-    try:
-        SamplingParams.from_dict(sampling, max_n=1 << 16)
-    except InvalidRequest as exc:
-        field = str(exc).split(" ", 1)[0]  # e.g. "temperature", "logit_bias[50256]"
-        base = field.split("[", 1)[0]
-        raise bad_request(str(exc), names.get(base, field if base in sampling else None)) from None

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .openai_protocol import Generation
+from .generation import Generation
 from .tokenizer import ModelTokenizer
 from .tools import ToolCallParser
 from .triton_stream import SampleDelta

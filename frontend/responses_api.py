@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import APIError, bad_request, unsupported
-from .openai_protocol import TYPES, Generation, check_fields, make_generation, served_model
+from .generation import Generation, make_generation
+from .request_fields import TYPES, check_fields, served_model
 from .tools import ToolCalling, conversation, parse_tool_calling, tool_constraint
 
 FIELDS = frozenset(

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import bad_request
-from .openai_protocol import chat_messages, check_fields, completion_prompts, served_model
+from .openai_protocol import chat_messages, completion_prompts
+from .request_fields import check_fields, served_model
 from .tokenizer import ModelTokenizer
 
 TOKENIZE_FIELDS = frozenset(

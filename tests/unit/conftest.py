@@ -1,5 +1,6 @@
-"""Shared fixtures for the engine unit tests: tiny random Hugging Face models (with the real SmolLM2
-tokenizer, so detokenization is real) and Hugging Face greedy references."""
+"""Shared fixtures for the unit tests: tiny random Hugging Face models (with the real SmolLM2 tokenizer, so
+detokenization is real), Hugging Face greedy references, and the served model's tokenizer as the front door loads
+it and as transformers does."""
 
 from __future__ import annotations
 
@@ -90,6 +91,22 @@ def tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(SMOL_DIR)
+
+
+@pytest.fixture(scope="module")
+def ours():
+    """The front door's tokenizer (frontend/tokenizer.py) of the served model's folder, compared with `theirs`."""
+    from frontend.tokenizer import ModelTokenizer
+
+    return ModelTokenizer(SMOL_DIR)
+
+
+@pytest.fixture(scope="module")
+def theirs():
+    """transformers' AutoTokenizer of the served model's folder, one per test module (a test warms it up)."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(str(SMOL_DIR))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from frontend.openai_protocol import Generation
+from frontend.generation import Generation
 from frontend.openai_responses import ChatFormat, Choice
 from frontend.tools import ToolCallParser, parse_tool_calling
 from frontend.triton_stream import SampleDelta

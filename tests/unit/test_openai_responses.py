@@ -3,7 +3,7 @@ chunks, usage, logprobs), with a stand-in tokenizer."""
 
 from __future__ import annotations
 
-from frontend.openai_protocol import Generation
+from frontend.generation import Generation
 from frontend.openai_responses import ChatFormat, Choice, CompletionFormat, Usage
 from frontend.triton_stream import SampleDelta
 
