@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from backend import EngineConfig, LLMEngine, SamplingParams
+from backend import LLMEngine, SamplingParams
 from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
 from backend.protocol.wire import OPTIONAL_OUTPUTS
 from backend.serving.response_tensors import TokenTexts, response_arrays, vllm_logprobs
@@ -93,30 +93,6 @@ def test_token_texts_decode_each_token_once():
 # ---------------------------------------------------------------------------------------- engine
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_llama):
-    cache = {}
-
-    def get(**overrides) -> LLMEngine:
-        key = tuple(sorted(overrides.items()))
-        if key not in cache:
-            cache[key] = LLMEngine(
-                EngineConfig(
-                    model=tiny_llama,
-                    dtype="float32",
-                    block_size=4,
-                    kv_cache_blocks=256,
-                    max_num_batched_tokens=64,
-                    max_num_seqs=16,
-                    seed=1,
-                    **overrides,
-                )
-            )
-        return cache[key]
-
-    return get
-
-
 def stream(engine: LLMEngine, params: SamplingParams, track: bool) -> list[SampleOutput]:
     request = engine.build_request(f"r{id(params)}{track}", "The quick brown fox jumps", params, stream=True)
     request.tracks_cumulative_logprob = track
@@ -131,8 +107,8 @@ def stream(engine: LLMEngine, params: SamplingParams, track: bool) -> list[Sampl
 
 
 @pytest.mark.parametrize("spec", [{}, {"draft_model": "self", "num_speculative_tokens": 3, "draft_dtype": "float32"}])
-def test_cumulative_logprob_is_the_running_sum_per_sample(engines, spec):
-    engine = engines(**spec)
+def test_cumulative_logprob_is_the_running_sum_per_sample(make_engine, spec):
+    engine = make_engine(seed=1, **spec)
     drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total")
     params = dict(n=2, seed=5, temperature=1.0, max_tokens=8, ignore_eos=True)
     with_logprobs = stream(engine, SamplingParams(logprobs=0, **params), track=False)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from backend import EngineConfig, LLMEngine, SamplingParams
+from backend import LLMEngine, SamplingParams
 from backend.engine import llm_engine as engine_module
 from backend.engine.step_records import DECODE, PREFILL, VERIFY, StepWatcher, StepWatchers, describe, step_record
 from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
@@ -20,26 +20,10 @@ PROMPT = "Once upon a time, in a land far away, there lived a very curious cat w
 
 
 @pytest.fixture(scope="module")
-def make_engine(tiny_llama):
-    engines: dict = {}
-
-    def get(**overrides) -> LLMEngine:
-        settings = dict(
-            model=tiny_llama,
-            dtype="float32",
-            block_size=4,
-            kv_cache_blocks=128,
-            max_num_batched_tokens=16,
-            max_num_seqs=8,
-            seed=7,
-        )
-        settings.update(overrides)
-        key = tuple(sorted(settings.items()))
-        if key not in engines:
-            engines[key] = LLMEngine(EngineConfig(**settings))
-        return engines[key]
-
-    return get
+def make_engine(make_engine):
+    """conftest's engines with a small token budget and batch: several steps per prompt, few sequences."""
+    settings = dict(kv_cache_blocks=128, max_num_batched_tokens=16, max_num_seqs=8, seed=7)
+    return lambda **overrides: make_engine(**{**settings, **overrides})
 
 
 def run_watched(engine: LLMEngine, requests, capacity: int = 10_000) -> list[dict]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_model_config import CONFIG
 
 from deploy import check, launch
 from launcher.model_config import get_parameter
@@ -154,15 +155,6 @@ def test_check_module_runs_as_a_command():
 
 
 # --------------------------------------------------------------------------------------------- deploy/launch.py
-
-CONFIG = """name: "llm"
-backend: "python"
-
-parameters [
-  { key: "model", value: { string_value: "../../models/m" } },
-  { key: "dtype", value: { string_value: "auto" } }
-]
-"""
 
 
 def test_overrides_come_from_llm_param_variables():
