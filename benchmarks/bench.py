@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import (
+    decode_profile,
     kernels_threads,
     load_curve,
     roofline,
@@ -68,12 +69,12 @@ from benchmarks.harness import (
     SEED_MODEL,
     THREADS_MODELS,
     Bench,
-    Server,
     log,
-    machine_info,
     make_settings,
 )
+from benchmarks.machine import machine_info
 from benchmarks.report import write_report
+from benchmarks.server import Server
 
 SECTIONS = {
     1: seed_workload,
@@ -181,7 +182,7 @@ def run_sections(bench: Bench, only: list[int], workdir: Path) -> tuple[dict[int
         if missed and not bench.profiles and 4 not in errors:
             log("profiling decode steps for the missed targets")
             try:
-                roofline.measure_profiles(bench)
+                decode_profile.measure_profiles(bench)
             except Exception:
                 log(f"profiling failed:\n{traceback.format_exc()}")
     finally:

@@ -1,31 +1,29 @@
-"""What every comparison of the benchmark report shares: settings, the machine, the live server, the models,
-the targets, and `Bench`, the context each section module's `run(bench)` gets."""
+"""What every comparison of the benchmark report shares: settings, the models, the targets, and `Bench`, the
+context each section module's `run(bench)` gets (the live server is benchmarks/server.py, the machine
+benchmarks/machine.py)."""
 
 from __future__ import annotations
 
-import datetime
 import math
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-import launcher
 from benchmarks.common import (
     PROMPTS,
     SEED_WORKLOAD,
     LoadResult,
     measure_ceilings,
-    read_parameters,
     run_engine_requests,
-    run_triton,
-    write_model_repository,
 )
-from testkit import prometheus
+from launcher.model_config import read_parameters
 from testkit.stats import percentile
+
+if TYPE_CHECKING:
+    from benchmarks.server import Server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -203,60 +201,6 @@ GOALS = {
 SUMMARY_ORDER = ("P2", "P7", "P8", "P1", "P5", "P6", "P9")
 
 
-# ------------------------------------------------------------------------------------------------ the machine
-
-
-# The CPU flags that decide our fast paths (and llama.cpp's), recorded with every report.
-REPORTED_FLAGS = (
-    "avx2",
-    "fma",
-    "f16c",
-    "avx_vnni",
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-)
-
-
-def machine_info(threads: int) -> dict:
-    cpu, mem_gib = platform.processor() or platform.machine(), float("nan")
-    for path, key in (("/proc/cpuinfo", "model name"), ("/proc/meminfo", "MemTotal")):
-        try:
-            line = next(x for x in Path(path).read_text().splitlines() if x.startswith(key))
-        except (OSError, StopIteration):
-            continue
-        if key == "MemTotal":
-            mem_gib = int(line.split()[1]) / 2**20
-        else:
-            cpu = line.split(":", 1)[1].strip()
-    import transformers
-
-    from backend.model import kernels
-    from backend.model.hardware import cpu_flags_of_this_machine
-
-    flags = cpu_flags_of_this_machine()
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host_cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "memory_gib": round(mem_gib, 1),
-        "cpu_flags": [f for f in REPORTED_FLAGS if f in flags],
-        "kernel_isa": kernels.ISA_NAMES[kernels.best_isa()],
-        "torch_threads": threads,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def engine_parameters(threads: int, variant: str = MAIN_MODEL) -> dict[str, str]:
     """A server variant's parameters: what an in-process engine uses to run the same configuration."""
     return {**read_parameters(), "num_threads": str(threads), **VARIANTS[variant]}
@@ -270,61 +214,6 @@ def resolved_dtype(variant: str = MAIN_MODEL) -> str:
     return resolve_for_model(
         params["model"], params.get("dtype", "auto"), params.get("quantization", "auto"), params.get("device", "cpu")
     )[0]
-
-
-# ------------------------------------------------------------------------------------------------ the server
-
-
-class Server:
-    """tritonserver (the launcher) on free loopback ports with a temporary model repository holding the
-    `variants` (names of VARIANTS), each at the run's thread count."""
-
-    def __init__(self, threads: int, workdir: Path, variants: list[str]):
-        overrides = {v: {"num_threads": str(threads), **VARIANTS[v]} for v in variants}  # a variant's own wins
-        repository = write_model_repository(workdir / "model_repository", overrides)
-        self.log_path = workdir / "tritonserver.log"
-        self.ports = [launcher.free_port() for _ in range(3)]
-        log(f"starting tritonserver with {variants} (gRPC {self.ports[1]}; log {self.log_path})")
-        self.proc = launcher.start_server(repository, *self.ports, self.log_path)
-        try:
-            launcher.wait_until_ready(self.ports[0], self.proc, timeout_s=600)
-            self.grpc_url = f"127.0.0.1:{self.ports[1]}"
-            for model in variants:  # warm-up
-                run_triton(self.grpc_url, model, [(PROMPTS[0], 4)] * 2, GREEDY, 2)
-        except Exception:
-            self.stop()
-            raise
-        log("tritonserver ready")
-
-    def run(self, model: str, requests: list[tuple[str, int]], concurrency: int) -> LoadResult:
-        """A closed-loop run, with the engine steps it took (from the server's metrics endpoint)."""
-        before = self.engine_activity(model)
-        result = run_triton(self.grpc_url, model, requests, GREEDY, concurrency)
-        if result.errors:
-            raise RuntimeError(f"{len(result.errors)} request(s) failed through Triton: {result.errors[:3]}")
-        time.sleep(0.3)  # the engine publishes its metrics every 100 ms
-        after = self.engine_activity(model)
-        result.engine_steps, result.step_sequences = (a - b for a, b in zip(after, before, strict=True))
-        return result
-
-    def engine_activity(self, model: str) -> tuple[float, float]:
-        """(engine steps, sequences summed over them) so far for `model`; nan where the endpoint fails."""
-        try:
-            metrics = prometheus.scrape(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout_s=5)
-        except OSError:
-            return math.nan, math.nan
-        steps, sequences = (
-            [*prometheus.samples(metrics, name, model=model), math.nan][0]
-            for name in ("llm_engine_steps_total", "llm_step_num_sequences_sum")
-        )
-        return steps, sequences
-
-    def log_tail(self) -> str:
-        return launcher.log_tail(self.log_path)
-
-    def stop(self) -> None:
-        code = launcher.stop_server(self.proc)
-        log(f"tritonserver stopped (exit code {code})")
 
 
 # ------------------------------------------------------------------------------------------------ the context
@@ -351,7 +240,7 @@ class Bench:
         self.server: Server | None = None
         self.plots: list[str] = []
         self.bounds: dict[str, list[str]] = {}  # a Goal.bound -> the report lines that show it
-        self.profiles: dict[int, dict] = {}  # decode step profiles by batch size (roofline.profile_decode)
+        self.profiles: dict[int, dict] = {}  # decode step profiles by batch size (decode_profile.profile_decode)
         self.triton_runs: dict[int, list[LoadResult]] = {}  # MAIN_MODEL, throughput workloads, by streams
         self.inproc_runs: dict[int, list[LoadResult]] = {}
         self._engines: dict[str, object] = {}

@@ -26,9 +26,9 @@ from benchmarks.common import (
     PROMPTS,
     machine_description,
     median,
-    read_parameters,
     run_engine_requests,
 )
+from launcher.model_config import read_parameters
 
 TITLE = "Speculative decoding: input-grounded output and open chat"
 

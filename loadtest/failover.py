@@ -27,18 +27,14 @@ Exit status 0 when all of that holds.
 from __future__ import annotations
 
 import argparse
-import http.client
-import itertools
 import json
 import os
-import platform
-import random
 import re
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import gevent
@@ -48,156 +44,16 @@ monkey.patch_all()
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-from locust import User, constant, events, task  # noqa: E402
+from locust import events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 import launcher.replicas  # noqa: E402
-from client.api import parse_sse  # noqa: E402
-from loadtest.workload import SYNTHETIC_PROMPTS  # noqa: E402
+from loadtest.failover_report import analyse, machine, report  # noqa: E402
+from loadtest.failover_run import OPTIONS, RUN, FailoverUser  # noqa: E402
 from testkit import prometheus  # noqa: E402
 
 RESULTS_DIR = REPO_ROOT / "loadtest" / "results"
-KILLED, DRAINED = "r1", "r2"
 _LOG_RE = re.compile(r"^(f\d+) (\S+) (-?\d+) (\+?-?\d+) (-?\d+) ")
-
-
-@dataclass
-class Record:
-    id: str
-    kind: str  # "stream" (chat, server-sent events) or "whole" (completion)
-    max_tokens: int
-    started: float
-    ended: float = 0.0
-    status: int = 0
-    served_by: str = ""
-    outcome: str = ""  # ok, error_clear, error_unclear
-    started_streaming: bool = False  # the 200 and at least one event arrived
-    tokens: int = 0
-    error: str = ""
-    retries: int = 0  # from the proxy's log
-    proxy_server: str = ""  # from the proxy's log
-
-
-@dataclass
-class Run:
-    started: float = field(default_factory=time.monotonic)
-    records: list[Record] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)  # t, what
-    samples: list[dict] = field(default_factory=list)  # t, replica states and KV
-    accepting: bool = True  # users start new requests
-    in_flight: int = 0
-
-    def t(self) -> float:
-        return round(time.monotonic() - self.started, 2)
-
-    def event(self, what: str, **extra) -> dict:
-        entry = {"t": self.t(), "what": what, **extra}
-        self.events.append(entry)
-        print(f"[failover] {entry['t']:7.1f} s  {what} {extra or ''}", flush=True)
-        return entry
-
-
-RUN = Run()
-OPTIONS: dict = {}
-_ids = itertools.count(1)
-
-
-def _error_message(body: bytes) -> str | None:
-    """The message of an OpenAI error object, or None when the body is not one."""
-    try:
-        return str(json.loads(body)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def call(record: Record, body: dict, path: str, url: str, timeout_s: float) -> None:
-    """One request through the proxy; fills in the record."""
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
-    try:
-        conn.request(
-            "POST",
-            path,
-            body=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", "X-Request-Id": record.id},
-        )
-        response = conn.getresponse()
-        record.status, record.served_by = response.status, response.getheader("X-Served-By") or ""
-        if response.status != 200:
-            message = _error_message(response.read())
-            record.outcome = "error_clear" if message else "error_unclear"
-            record.error = message or f"HTTP {response.status} without an OpenAI error object"
-            return
-        if record.kind == "whole":
-            answer = json.loads(response.read())
-            record.tokens = answer["usage"]["completion_tokens"]
-        else:
-            done = False
-            for payload in parse_sse(iter(response.readline, b"")):
-                record.started_streaming = True
-                if payload == "[DONE]":
-                    done = True
-                    break
-                event = json.loads(payload)
-                if "error" in event:
-                    record.outcome, record.error = "error_clear", str(event["error"].get("message"))
-                    return
-                if event.get("usage"):
-                    record.tokens = event["usage"]["completion_tokens"]
-            if not done:
-                record.outcome, record.error = "error_unclear", "the stream ended without [DONE] or an error event"
-                return
-        ok = record.tokens == record.max_tokens
-        record.outcome = "ok" if ok else "error_unclear"
-        record.error = "" if ok else f"{record.tokens} tokens, asked for {record.max_tokens}"
-    except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
-        record.outcome, record.error = "error_unclear", f"{type(exc).__name__}: {exc}"
-    finally:
-        conn.close()
-
-
-class FailoverUser(User):
-    """Streamed chat completions and whole completions through the proxy, one after the other."""
-
-    wait_time = constant(0)
-
-    @task
-    def one_request(self) -> None:
-        if not RUN.accepting:
-            gevent.sleep(0.2)
-            return
-        stream = random.random() < OPTIONS["stream_share"]
-        max_tokens = random.randint(OPTIONS["max_tokens_min"], OPTIONS["max_tokens_max"])
-        prompt = random.choice(SYNTHETIC_PROMPTS)
-        record = Record(f"f{next(_ids)}", "stream" if stream else "whole", max_tokens, RUN.t())
-        if stream:
-            body = {
-                "model": "llm",
-                "messages": [{"role": "user", "content": prompt}],
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            path = "/v1/chat/completions"
-        else:
-            body, path = {"model": "llm", "prompt": prompt}, "/v1/completions"
-        body.update(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-        RUN.records.append(record)
-        RUN.in_flight += 1
-        try:
-            call(record, body, path, OPTIONS["proxy_url"], OPTIONS["request_timeout"])
-        finally:
-            RUN.in_flight -= 1
-            record.ended = RUN.t()
-        self.environment.events.request.fire(
-            request_type=record.kind,
-            name=record.outcome,
-            response_time=(record.ended - record.started) * 1000,
-            response_length=record.tokens,
-            exception=None if record.outcome == "ok" else Exception(record.error),
-            context={},
-        )
-        if record.outcome != "ok":
-            gevent.sleep(0.1)
 
 
 # ------------------------------------------------------------------------------------------------- watching
@@ -356,176 +212,6 @@ def scenario(cluster: launcher.replicas.Cluster, args) -> dict:
     summary["orphaned_stubs_after_restart"] = orphans
     summary["checks"]["no stub of the killed server left running"] = not orphans
     return summary
-
-
-def _counts(records: list[Record]) -> dict:
-    return {
-        "sent": len(records),
-        "succeeded": sum(r.outcome == "ok" for r in records),
-        "retried": sum(r.retries > 0 for r in records),
-        "retried_and_succeeded": sum(r.retries > 0 and r.outcome == "ok" for r in records),
-        "failed_with_clear_error": sum(r.outcome == "error_clear" for r in records),
-        "failed_unclearly": sum(r.outcome == "error_unclear" for r in records),
-    }
-
-
-def analyse(timeline, at_kill, at_sigterm, kv_after_main, kv_end, killed, drained) -> dict:
-    records = RUN.records
-    by_id = {r.id: r for r in records}
-    kill, up = timeline["kill"], timeline.get("up")
-    outage = [r for r in records if kill <= r.started < (up or float("inf"))]
-    cut = [
-        by_id[i]
-        for i in at_kill
-        if by_id[i].served_by == killed.name and by_id[i].kind == "stream" and by_id[i].started_streaming
-    ]
-    draining = [by_id[i] for i in at_sigterm if by_id[i].served_by == drained.name]
-    after_sigterm = [r for r in records if r.started > timeline["sigterm"] + 1]
-    phases = {
-        "before the kill": [r for r in records if r.started < kill],
-        "kill until rejoin": outage,
-        "after rejoin": [r for r in records if (up or float("inf")) <= r.started < timeline["main_end"]],
-        "graceful stop phase": [r for r in records if r.started >= timeline["drain_load"]],
-    }
-    errors: dict[str, int] = {}
-    for r in records:
-        if r.outcome != "ok":
-            key = f"{r.outcome}: {re.sub(r'127.0.0.1:[0-9]+', '127.0.0.1:<port>', r.error)[:160]}"
-            errors[key] = errors.get(key, 0) + 1
-    served_after_rejoin = [r for r in records if up is not None and r.started >= up and r.served_by == killed.name]
-    summary = {
-        "counts": _counts(records),
-        "phases": {name: _counts(rs) for name, rs in phases.items()},
-        "timeline_s": timeline,
-        "rejoin_s": {
-            "kill_to_proxy_down": None if "down" not in timeline else round(timeline["down"] - kill, 2),
-            "kill_to_new_tritonserver": None if "restarted" not in timeline else round(timeline["restarted"] - kill, 2),
-            "kill_to_proxy_up": None if up is None else round(up - kill, 2),
-            "kill_to_first_success_on_it": None
-            if "first_success_after" not in timeline
-            else round(timeline["first_success_after"] - kill, 2),
-        },
-        "streams_cut_by_the_kill": {
-            "count": len(cut),
-            "ended_with_error_event": sum(r.outcome == "error_clear" for r in cut),
-            "examples": sorted({r.error for r in cut})[:3],
-        },
-        "requests_started_during_outage": _counts(outage)
-        | {"served_by_survivor": sum(r.served_by == drained.name for r in outage)},
-        "requests_on_rejoined_replica_after_up": _counts(served_after_rejoin),
-        "graceful_stop": {
-            "in_flight_on_stopped_replica": _counts(draining),
-            "started_after_sigterm": _counts(after_sigterm)
-            | {"served_by_stopped": sum(r.served_by == drained.name for r in after_sigterm)},
-            "exit_code": drained.proc.returncode,
-        },
-        "kv_after_main_phase": kv_after_main,
-        "kv_at_end": kv_end,
-        "errors": errors,
-    }
-    c = summary["counts"]
-    summary["checks"] = {
-        "no unclear failure": c["failed_unclearly"] == 0,
-        "every failure is a stream the kill cut": c["failed_with_clear_error"]
-        == summary["streams_cut_by_the_kill"]["ended_with_error_event"],
-        "the kill cut a started stream, which ended with an error event": 0
-        < len(cut)
-        == summary["streams_cut_by_the_kill"]["ended_with_error_event"],
-        "retried requests succeeded": c["retried"] == c["retried_and_succeeded"],
-        "the survivor served during the outage": summary["requests_started_during_outage"]["served_by_survivor"] > 0,
-        "the killed replica rejoined and served": up is not None and "first_success_after" in timeline,
-        "graceful stop drained its streams": all(r.outcome == "ok" for r in draining),
-        "no KV block held after the main phase": all(v["kv_blocks_used"] == 0 for v in kv_after_main.values()),
-        "no KV block held at the end": all(v["kv_blocks_used"] == 0 for v in kv_end.values()),
-    }
-    return summary
-
-
-# -------------------------------------------------------------------------------------------------- report
-
-
-def machine() -> dict:
-    info = {"python": platform.python_version(), "kernel": platform.release()}
-    text = Path("/proc/cpuinfo").read_text()
-    info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "?")
-    info["cpus"] = text.count("\nprocessor") + text.startswith("processor")
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
-    info["cpu_flags"] = " ".join(flags)
-    mem = Path("/proc/meminfo").read_text().split("\n", 1)[0]
-    info["memory_gib"] = round(int(mem.split()[1]) / 2**20, 1)
-    return info
-
-
-def report(summary: dict, meta: dict) -> str:
-    c, r, g = summary["counts"], summary["rejoin_s"], summary["graceful_stop"]
-    m = meta["machine"]
-    simd = [f for f in m["cpu_flags"].split() if f.startswith(("avx", "amx", "fma", "f16c"))]
-    lines = [
-        "# Failover: two replicas behind HAProxy, one tritonserver killed under load",
-        "",
-        f"`.venv/bin/llm-failover {meta['argv']}` ({meta['date']}). Machine: {m['cpu']}, "
-        f"{m['cpus']} CPUs, {m['memory_gib']} GiB; SIMD flags: {' '.join(simd)} (all flags in the .json). "
-        f"{meta['haproxy']}. Replicas: `llm-serve-replicas`, the default model repository, "
-        f"{meta['replicas']}; {meta['users']} Locust users, half streamed chat completions, half whole "
-        f"completions, greedy, max_tokens {meta['max_tokens']} with ignore_eos. Both replicas were ready behind the "
-        f"proxy {meta['replicas_ready_s']} s after the start; 1-minute load average before / after the run "
-        f"{meta['load_average_before_after'][0]} / {meta['load_average_before_after'][1]} (the machine is shared).",
-        "",
-        "| | requests |",
-        "|---|---|",
-        f"| sent | {c['sent']} |",
-        f"| succeeded | {c['succeeded']} |",
-        f"| retried by the proxy (of which succeeded) | {c['retried']} ({c['retried_and_succeeded']}) |",
-        f"| failed with a clear error | {c['failed_with_clear_error']} |",
-        f"| failed unclearly (reset, truncated, timeout) | {c['failed_unclearly']} |",
-        "",
-        "| phase | sent | succeeded | retried | clear error | unclear |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, p in summary["phases"].items():
-        lines.append(
-            f"| {name} | {p['sent']} | {p['succeeded']} | {p['retried']} | {p['failed_with_clear_error']} "
-            f"| {p['failed_unclearly']} |"
-        )
-    cut = summary["streams_cut_by_the_kill"]
-    outage = summary["requests_started_during_outage"]
-    kv_main, kv_end = summary["kv_after_main_phase"], summary["kv_at_end"]
-    lines += [
-        "",
-        f"Time to rejoin after the SIGKILL of {KILLED}'s tritonserver: proxy marks it down after "
-        f"{r['kill_to_proxy_down']} s; its supervisor starts a new tritonserver after "
-        f"{r['kill_to_new_tritonserver']} s; "
-        f"the proxy marks it up after **{r['kill_to_proxy_up']} s**; the first request it serves after the kill "
-        f"succeeds at {r['kill_to_first_success_on_it']} s.",
-        "",
-        f"- Streams on {KILLED} when it was killed: {cut['count']}, each ended with an error event "
-        f"({cut['ended_with_error_event']}), e.g. `{(cut['examples'] or ['-'])[0]}`.",
-        f"- Requests started between the kill and the rejoin: {outage['sent']}, succeeded {outage['succeeded']} "
-        f"(served by {DRAINED}: {outage['served_by_survivor']}; retried {outage['retried']}).",
-        f"- After the rejoin {KILLED} served {summary['requests_on_rejoined_replica_after_up']['sent']} requests "
-        f"({summary['requests_on_rejoined_replica_after_up']['succeeded']} succeeded).",
-        f"- Graceful stop (SIGTERM) of {DRAINED} under load: {g['in_flight_on_stopped_replica']['sent']} requests in "
-        f"flight on it, {g['in_flight_on_stopped_replica']['succeeded']} finished normally; of the "
-        f"{g['started_after_sigterm']['sent']} started after it, {g['started_after_sigterm']['succeeded']} succeeded "
-        f"and {g['started_after_sigterm']['served_by_stopped']} were served by {DRAINED}; its llm-serve exited with "
-        f"code {g['exit_code']}.",
-        f"- Python stubs of the killed tritonserver still running after the restart: "
-        f"{summary['orphaned_stubs_after_restart'] or 'none'}.",
-        f"- `llm_kv_cache_blocks_used` once the users stopped: after the kill phase {KILLED} "
-        f"{kv_main[KILLED]['kv_blocks_used']:.0f}, {DRAINED} {kv_main[DRAINED]['kv_blocks_used']:.0f}; at the end "
-        f"{KILLED} {kv_end[KILLED]['kv_blocks_used']:.0f} (running and waiting 0 on each).",
-        "",
-        "Checks: " + "; ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in summary["checks"].items()) + ".",
-        "",
-    ]
-    if summary["errors"]:
-        lines += ["Failures, by message:", ""]
-        lines += [f"- {n} x `{e}`" for e, n in sorted(summary["errors"].items())] + [""]
-    lines += ["Timeline (s from the start of the load):", ""]
-    for e in RUN.events:
-        extra = {k: v for k, v in e.items() if k not in ("t", "what")}
-        lines.append(f"- {e['t']:.1f}: {e['what']}" + (f" {json.dumps(extra)}" if extra else ""))
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

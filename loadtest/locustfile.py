@@ -38,7 +38,6 @@ Headless run (bounded users, spawn rate and time):
 
 from __future__ import annotations
 
-import csv
 import http.client
 import itertools
 import json
@@ -46,112 +45,28 @@ import logging
 import random
 import time
 import urllib.parse
-from pathlib import Path
 
 import gevent
 from locust import User, events, task
-from locust import stats as locust_stats
-from locust.runners import WorkerRunner
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-from client.api import (  # noqa: E402
+import loadtest.locust_options  # noqa: F401  (registers the listener that adds the options)
+import loadtest.throughput  # noqa: F401  (registers its Locust event listeners)
+from client.api import (
     Chunk,
     Completion,
     GrpcStream,
     ServerError,
     generate_http,
-    gevent_compat,  # noqa: E402
+    gevent_compat,
     parse_sse,
     stream_http,
 )
-from loadtest.workload import Workload  # noqa: E402
+from loadtest.workload import Workload
 
 log = logging.getLogger("llm-loadtest")
 
-E2E_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat")
-THROUGHPUT_TYPE = "THROUGHPUT"
-TOKENS_NAME = "output_tok/s (value, not ms)"
-REQUESTS_NAME = "requests/s (value, not ms)"
 
-
-# ------------------------------------------------------------------------------------------------ options
-
-
-@events.init_command_line_parser.add_listener
-def _add_options(parser) -> None:
-    group = parser.add_argument_group("LLM load test (loadtest/locustfile.py)")
-    group.add_argument(
-        "--grpc-url", default="", help="gRPC endpoint host:port for GrpcStreamUser (default: --host's host, port 8001)"
-    )
-    group.add_argument(
-        "--openai-url",
-        default="",
-        help="the OpenAI-compatible front door for OpenAIChatUser (default: --host's host, port 9000)",
-    )
-    group.add_argument("--model", default="llm", help="model name on the server (default llm)")
-    group.add_argument(
-        "--prompts-file",
-        default="",
-        help="prompts: .txt (one per line), .jsonl or .json (records with prompt and optional "
-        "max_tokens); default: the built-in synthetic set",
-    )
-    group.add_argument(
-        "--input-words",
-        default="",
-        help="instead of the built-in set, synthetic prompts whose word counts follow this "
-        "distribution (same specs as --max-tokens-dist, e.g. normal:200,50)",
-    )
-    group.add_argument(
-        "--max-tokens-dist",
-        default="uniform",
-        help="output-length distribution: uniform | fixed:N | normal:MEAN,STD | "
-        "lognormal:MEDIAN,SIGMA | exponential:MEAN | choice:A,B,C (clamped to min/max)",
-    )
-    group.add_argument(
-        "--max-tokens-min", type=int, default=0, help="smallest max_tokens (default 16 for uniform, else 1)"
-    )
-    group.add_argument(
-        "--max-tokens-max", type=int, default=0, help="largest max_tokens (default 128 for uniform, else 4096)"
-    )
-    group.add_argument(
-        "--ignore-file-max-tokens",
-        action="store_true",
-        default=False,
-        help="draw max_tokens from the distribution even where the prompts file gives one",
-    )
-    group.add_argument(
-        "--ignore-eos",
-        default="true",
-        choices=["true", "false"],
-        help="send ignore_eos so each request generates exactly max_tokens (default true)",
-    )
-    group.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    group.add_argument(
-        "--wait-time",
-        type=float,
-        default=0.0,
-        help="think time between a user's requests: uniform in [0, this] seconds (default 0)",
-    )
-    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (default 600)")
-    group.add_argument(
-        "--failure-backoff",
-        type=float,
-        default=0.1,
-        help="seconds a user waits after a failed request, so that refusals do not turn into a busy loop (default 0.1)",
-    )
-    group.add_argument(
-        "--throughput-interval",
-        type=float,
-        default=5.0,
-        help="seconds between THROUGHPUT rows (output tokens/s, requests/s); 0: none",
-    )
-    group.add_argument(
-        "--workload-seed",
-        type=int,
-        default=0,
-        help="seed of the prompt and length draws (0: a different draw each run)",
-    )
+# ----------------------------------------------------------------------------------------------- workload
 
 
 _workload: Workload | None = None
@@ -403,131 +318,3 @@ def _host_name(host: str | None) -> str:
         urllib.parse.urlsplit(host if host and "//" in host else f"http://{host or 'localhost'}").hostname
         or "localhost"
     )
-
-
-# ---------------------------------------------------------------------------------- throughput and summary
-
-
-def _e2e_totals(environment) -> tuple[int, int, int]:
-    """(requests, failures, output tokens) over the e2e rows of the (aggregated) stats."""
-    requests = failures = tokens = 0
-    for (_name, method), entry in environment.stats.entries.items():
-        if method in E2E_TYPES:
-            requests += entry.num_requests
-            failures += entry.num_failures
-            tokens += entry.total_content_length
-    return requests, failures, tokens
-
-
-def _throughput_sampler(environment, interval: float) -> None:
-    last = (time.time(), 0, 0)
-    while True:
-        gevent.sleep(interval)
-        now = time.time()
-        requests, _failures, tokens = _e2e_totals(environment)
-        if requests < last[1] or tokens < last[2]:  # stats were reset
-            last = (now, requests, tokens)
-            continue
-        dt = now - last[0]
-        if dt > 0 and requests > 0:
-            environment.events.request.fire(
-                request_type=THROUGHPUT_TYPE,
-                name=TOKENS_NAME,
-                response_time=(tokens - last[2]) / dt,
-                response_length=tokens - last[2],
-                exception=None,
-                context={},
-            )
-            environment.events.request.fire(
-                request_type=THROUGHPUT_TYPE,
-                name=REQUESTS_NAME,
-                response_time=(requests - last[1]) / dt,
-                response_length=requests - last[1],
-                exception=None,
-                context={},
-            )
-        last = (now, requests, tokens)
-
-
-_sampler: gevent.Greenlet | None = None
-
-
-@events.test_start.add_listener
-def _start_sampler(environment, **_kw) -> None:
-    global _sampler
-    interval = environment.parsed_options.throughput_interval
-    if interval > 0 and not isinstance(environment.runner, WorkerRunner) and _sampler is None:
-        _sampler = gevent.spawn(_throughput_sampler, environment, interval)
-
-
-@events.test_stop.add_listener
-def _stop_sampler(environment, **_kw) -> None:
-    global _sampler
-    if _sampler is not None:
-        _sampler.kill(block=False)
-        _sampler = None
-
-
-def summary_rows(environment) -> list[dict]:
-    """Per user type and in total: requests, failures, output tokens, duration, requests/s, output tokens/s."""
-    stats = environment.stats
-    duration = max((stats.total.last_request_timestamp or stats.total.start_time) - stats.total.start_time, 1e-9)
-    rows = []
-    for kind in E2E_TYPES:
-        entry = stats.entries.get((environment.parsed_options.model, kind))
-        if entry is None or entry.num_requests == 0:
-            continue
-        ok = entry.num_requests - entry.num_failures
-        rows.append(
-            {
-                "type": kind,
-                "requests": entry.num_requests,
-                "failures": entry.num_failures,
-                "output_tokens": entry.total_content_length,
-                "duration_s": round(duration, 3),
-                "requests_per_s": round(ok / duration, 4),
-                "output_tokens_per_s": round(entry.total_content_length / duration, 2),
-            }
-        )
-    requests, failures, tokens = _e2e_totals(environment)
-    rows.append(
-        {
-            "type": "total",
-            "requests": requests,
-            "failures": failures,
-            "output_tokens": tokens,
-            "duration_s": round(duration, 3),
-            "requests_per_s": round((requests - failures) / duration, 4),
-            "output_tokens_per_s": round(tokens / duration, 2),
-        }
-    )
-    return rows
-
-
-@events.quitting.add_listener
-def _on_quitting(environment, **_kw) -> None:
-    if isinstance(environment.runner, WorkerRunner):
-        return
-    rows = summary_rows(environment)
-    lines = [
-        "",
-        "LLM summary (successful requests; output tokens over the run's duration):",
-        f"  {'type':<14}{'requests':>9}{'failures':>9}{'out tokens':>11}{'req/s':>9}{'out tok/s':>11}",
-    ]
-    for r in rows:
-        lines.append(
-            f"  {r['type']:<14}{r['requests']:>9}{r['failures']:>9}{r['output_tokens']:>11}"
-            f"{r['requests_per_s']:>9.2f}{r['output_tokens_per_s']:>11.1f}"
-        )
-    print("\n".join(lines), flush=True)
-    prefix = getattr(environment.parsed_options, "csv_prefix", None)
-    if prefix:
-        # Locust rewrites the --csv stats once a second: let it catch up with the last requests (finished while
-        # the users stopped) before it closes the files.
-        gevent.sleep(locust_stats.CSV_STATS_INTERVAL_SEC + 0.2)
-        path = Path(f"{prefix}_llm_summary.csv")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)

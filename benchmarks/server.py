@@ -1,0 +1,67 @@
+"""The live tritonserver of a benchmark run: a temporary model repository of the run's variants at its thread
+count, started through the launcher, warmed up, and closed-loop runs against it with the engine steps they took
+(read from the server's metrics endpoint)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import launcher
+from benchmarks.common import PROMPTS, LoadResult, run_triton
+from benchmarks.harness import GREEDY, VARIANTS, log
+from launcher.model_config import write_model_repository
+from testkit import prometheus
+
+
+class Server:
+    """tritonserver (the launcher) on free loopback ports with a temporary model repository holding the
+    `variants` (names of VARIANTS), each at the run's thread count."""
+
+    def __init__(self, threads: int, workdir: Path, variants: list[str]):
+        overrides = {v: {"num_threads": str(threads), **VARIANTS[v]} for v in variants}  # a variant's own wins
+        repository = write_model_repository(workdir / "model_repository", overrides)
+        self.log_path = workdir / "tritonserver.log"
+        self.ports = [launcher.free_port() for _ in range(3)]
+        log(f"starting tritonserver with {variants} (gRPC {self.ports[1]}; log {self.log_path})")
+        self.proc = launcher.start_server(repository, *self.ports, self.log_path)
+        try:
+            launcher.wait_until_ready(self.ports[0], self.proc, timeout_s=600)
+            self.grpc_url = f"127.0.0.1:{self.ports[1]}"
+            for model in variants:  # warm-up
+                run_triton(self.grpc_url, model, [(PROMPTS[0], 4)] * 2, GREEDY, 2)
+        except Exception:
+            self.stop()
+            raise
+        log("tritonserver ready")
+
+    def run(self, model: str, requests: list[tuple[str, int]], concurrency: int) -> LoadResult:
+        """A closed-loop run, with the engine steps it took (from the server's metrics endpoint)."""
+        before = self.engine_activity(model)
+        result = run_triton(self.grpc_url, model, requests, GREEDY, concurrency)
+        if result.errors:
+            raise RuntimeError(f"{len(result.errors)} request(s) failed through Triton: {result.errors[:3]}")
+        time.sleep(0.3)  # the engine publishes its metrics every 100 ms
+        after = self.engine_activity(model)
+        result.engine_steps, result.step_sequences = (a - b for a, b in zip(after, before, strict=True))
+        return result
+
+    def engine_activity(self, model: str) -> tuple[float, float]:
+        """(engine steps, sequences summed over them) so far for `model`; nan where the endpoint fails."""
+        try:
+            metrics = prometheus.scrape(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout_s=5)
+        except OSError:
+            return math.nan, math.nan
+        steps, sequences = (
+            [*prometheus.samples(metrics, name, model=model), math.nan][0]
+            for name in ("llm_engine_steps_total", "llm_step_num_sequences_sum")
+        )
+        return steps, sequences
+
+    def log_tail(self) -> str:
+        return launcher.log_tail(self.log_path)
+
+    def stop(self) -> None:
+        code = launcher.stop_server(self.proc)
+        log(f"tritonserver stopped (exit code {code})")
