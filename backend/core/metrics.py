@@ -51,6 +51,11 @@ HISTOGRAMS = {
 }
 
 
+# Not exported before their first update: the finish-reason counter exists only with labels, and an engine
+# gauge at 0 would tell the launcher's supervisor that an engine still loading had died.
+_NOT_AT_ZERO = {"llm_requests_finished_total", "llm_engine_alive"}
+
+
 def _key(labels: dict | None) -> tuple:
     return tuple(sorted((labels or {}).items()))
 
@@ -123,7 +128,7 @@ class TritonMetricsSink:
             self._families[name] = pb_utils.MetricFamily(name, help_text, pb_utils.MetricFamily.HISTOGRAM)
         self._metrics: dict[tuple, object] = {}
         for name in (*COUNTERS, *GAUGES, *HISTOGRAMS):  # exported from the start, at zero
-            if not name.endswith("_per_pos_total") and name != "llm_requests_finished_total":
+            if name not in _NOT_AT_ZERO and not name.endswith("_per_pos_total"):
                 self._metric(name, None)
 
     def _metric(self, name: str, labels: dict | None):
@@ -159,6 +164,7 @@ class PeriodicPublisher:
         self._gauges: dict[str, float] = {}
         self._observations: list[tuple[str, float]] = []
         self._lock = threading.Lock()
+        self._replaying = threading.Lock()  # publish() is also called from other threads (initialize, close)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
         self._thread.start()
@@ -181,12 +187,13 @@ class PeriodicPublisher:
             counters, self._counters = self._counters, defaultdict(float)
             gauges, self._gauges = self._gauges, {}
             observations, self._observations = self._observations, []
-        for (name, labels), value in counters.items():
-            self.sink.inc(name, value, dict(labels) or None)
-        for name, value in gauges.items():
-            self.sink.set(name, value)
-        for name, value in observations:
-            self.sink.observe(name, value)
+        with self._replaying:
+            for (name, labels), value in counters.items():
+                self.sink.inc(name, value, dict(labels) or None)
+            for name, value in gauges.items():
+                self.sink.set(name, value)
+            for name, value in observations:
+                self.sink.observe(name, value)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

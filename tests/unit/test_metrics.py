@@ -180,10 +180,11 @@ def test_triton_sink_families_and_initial_metrics():
     for name, (_, buckets) in HISTOGRAMS.items():
         assert pb.families[name].kind == "histogram"
         assert pb.families[name].metrics[0].buckets == buckets
-    # exported at zero from the start, except the ones that only exist with labels
+    # exported at zero from the start, except the ones that only exist with labels and the engine's liveness
+    # (0 means dead to the supervisor)
     for name, family in pb.families.items():
-        labelled_only = name.endswith("_per_pos_total") or name == "llm_requests_finished_total"
-        assert len(family.metrics) == (0 if labelled_only else 1), name
+        late = name.endswith("_per_pos_total") or name in ("llm_requests_finished_total", "llm_engine_alive")
+        assert len(family.metrics) == (0 if late else 1), name
         for metric in family.metrics:
             assert metric.labels == {"model": "llm", "version": "1"} and metric.value == 0
 
@@ -192,8 +193,10 @@ def test_triton_sink_mirrors_engine_metrics():
     pb = FakePbUtils()
     m = EngineMetrics()
     m.set("llm_kv_cache_blocks_total", 64)
+    m.set("llm_engine_alive", 1)
     m.add_sink(TritonMetricsSink(pb, {"model": "llm", "version": "1"}))
     assert pb.families["llm_kv_cache_blocks_total"].metrics[0].value == 64
+    assert [metric.value for metric in pb.families["llm_engine_alive"].metrics] == [1]
     m.inc("llm_prompt_tokens_total", 10)
     m.inc("llm_prompt_tokens_total", 5)
     m.inc("llm_requests_finished_total", labels={"finish_reason": "stop"})

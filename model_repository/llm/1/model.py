@@ -51,6 +51,7 @@ class TritonPythonModel:
             TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
         )
         self.engine.metrics.add_sink(self.metrics_publisher)
+        self.metrics_publisher.publish()  # the gauges (llm_engine_alive 1 among them) are right once READY
         self.loop = EngineLoop(self.engine).start()
         self.token_texts = TokenTexts(self.engine.tokenizer)  # decoded_token of the logprobs output
 
