@@ -29,10 +29,8 @@ import time
 from pathlib import Path
 
 import launcher
+from launcher.paths import MODEL_DIR, REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-MODEL_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct"
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "aiperf.md"
 AIPERF_VERSION = "0.13.0"
 # (AIPerf metric tag, row label, unit) in the summary table

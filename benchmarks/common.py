@@ -6,12 +6,8 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = REPO_ROOT / "models" / "smollm2-135m-instruct"
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",

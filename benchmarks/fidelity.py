@@ -17,11 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher.paths import MODEL_DIR
 from testkit.fidelity import TOP_K, Verdict, summarize
 from testkit.hf_reference import HFReference
 from testkit.prompts import MIXED_CASES
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _engine(model_dir: Path, dtype: str, quantization: str, draft_model: str, k: int):
@@ -84,7 +83,7 @@ def batch_invariance(engine) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(REPO_ROOT / "models" / "smollm2-135m-instruct"))
+    parser.add_argument("--model", default=str(MODEL_DIR))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--draft-model", default="")

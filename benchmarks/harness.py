@@ -25,7 +25,6 @@ from testkit.stats import percentile
 if TYPE_CHECKING:
     from benchmarks.server import Server
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 MAIN_MODEL = "llm"  # the served configuration, model_repository/llm/config.pbtxt as it stands

@@ -157,7 +157,7 @@ class LlamaServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"llama-server exited ({self.proc.returncode}):\n" + self.launcher.log_tail(self.log_path)
+                    f"llama-server exited ({self.proc.returncode}):\n" + launcher.log_tail(self.log_path)
                 )
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
@@ -167,7 +167,7 @@ class LlamaServer:
             except OSError:
                 pass
             time.sleep(0.25)
-        raise RuntimeError(f"llama-server not ready after {timeout_s:.0f} s:\n{self.launcher.log_tail(self.log_path)}")
+        raise RuntimeError(f"llama-server not ready after {timeout_s:.0f} s:\n{launcher.log_tail(self.log_path)}")
 
     def run(self, requests: list[tuple[str, int]], concurrency: int) -> LoadResult:
         """The same closed loop as our Triton runs: one thread per stream, streaming `/completion` requests."""
@@ -216,7 +216,7 @@ class LlamaServer:
         return send, lambda: None
 
     def stop(self) -> None:
-        code = self.launcher.stop_server(self.proc, timeout_s=10)
+        code = launcher.stop_server(self.proc, timeout_s=10)
         log(f"llama-server stopped (exit code {code})")
 
 

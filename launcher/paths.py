@@ -14,6 +14,7 @@ if not VENV.is_absolute():
     VENV = (REPO_ROOT / VENV).resolve()
 BACKEND_DIR = REPO_ROOT / ".triton" / "backends"
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+MODEL_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct"  # the default model, as `make model` prepares it
 DEFAULT_HOST = "127.0.0.1"  # where the server binds and where readiness is polled
 MODEL_NAME = "llm"
 

@@ -10,9 +10,10 @@ import shutil
 import sys
 from pathlib import Path
 
+from launcher.paths import MODEL_DIR
+
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_NAME = "model.gguf"  # backend/model/gguf_weights.py looks for it under this name
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
 
 
 def gguf_dir() -> Path:
@@ -25,7 +26,7 @@ def gguf_dir() -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    out = Path(argv[0]) if argv else DEFAULT_OUT
+    out = Path(argv[0]) if argv else MODEL_DIR
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         keep_gguf(out)
         print(f"model already prepared at {out}")

@@ -8,12 +8,15 @@ only; the integration tests' server fixture and the benchmarks use it::
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +80,33 @@ def start_frontend(grpc_url: str, port: int, log_path: Path | str | None = None,
     proc.log_path = log_path  # type: ignore[attr-defined]
     proc.port = int(port)  # type: ignore[attr-defined]
     return proc
+
+
+class OutputTee:
+    """Copies a process's output (a pipe) to `sink` line by line from a thread of its own, keeping the lines
+    that say why a model failed to load (Triton's "failed to load" errors, with the model's message)."""
+
+    MARKERS = (b"failed to load", b"Failed to initialize Python stub")
+
+    def __init__(self, pipe, sink=None, keep: int = 20):
+        self.errors: collections.deque[str] = collections.deque(maxlen=keep)
+        self._pipe, self._sink = pipe, sink if sink is not None else sys.stdout.buffer
+        self.thread = threading.Thread(target=self._run, name="output-tee", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for line in iter(self._pipe.readline, b""):
+            with contextlib.suppress(OSError, ValueError):
+                self._sink.write(line)
+                self._sink.flush()
+            if any(marker in line for marker in self.MARKERS):
+                self.errors.append(line.decode("utf-8", "replace").rstrip())
+        self._pipe.close()
+
+    def load_errors(self) -> str:
+        """The error lines seen so far, after the output has ended (waits up to 5 s for it)."""
+        self.thread.join(timeout=5)
+        return "\n".join(self.errors)
 
 
 def stop_server(proc: subprocess.Popen, timeout_s: float = 30.0) -> int | None:

@@ -27,7 +27,7 @@ import threading
 
 from launcher.commands import check_ready_to_run, server_command, shown
 from launcher.paths import DEFAULT_HOST, MODEL_NAME, REPO_ROOT, resolve_model_repository, url_host
-from launcher.processes import start_frontend, stop_server
+from launcher.processes import OutputTee, start_frontend, stop_server
 from launcher.readiness import ServerError, wait_until_frontend_ready, wait_until_ready
 from launcher.supervisor import Supervisor
 
@@ -188,15 +188,27 @@ def main(argv: list[str] | None = None) -> int:
     def launch() -> subprocess.Popen:
         print("+ " + shown(cmd), flush=True)
         # Own process group: a terminal Ctrl-C reaches only us, and we stop the server exactly once.
-        proc = subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=str(REPO_ROOT),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        proc.output = OutputTee(proc.stdout)  # type: ignore[attr-defined]  # shown as it comes; errors kept
         threading.Thread(target=announce, args=(proc,), daemon=True).start()
         return proc
 
     supervisor = Supervisor(
         launch,
         lambda proc: stop_server(proc, timeout_s=args.exit_timeout_secs + 20),
+        stop_broken=lambda proc: stop_server(proc, timeout_s=3),  # streams of other models get 3 s to end
         metrics_url=f"http://{h}:{args.metrics_port}/metrics",
+        ready_url=f"http://{h}:{args.http_port}/v2/health/ready",
         max_restarts=0 if args.no_restart else args.max_restarts,
+        describe=lambda proc: proc.output.load_errors(),
     )
     return supervise(supervisor, frontend, args.exit_timeout_secs)
 
@@ -234,19 +246,24 @@ def supervise(supervisor: Supervisor, frontend: subprocess.Popen | None, exit_ti
         print("\n[llm-serve] stopping (SIGINT) ...", file=sys.stderr, flush=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if frontend is not None and frontend.poll() is None:
-        print(
-            f"[llm-serve] the front door exited with code {stop_server(frontend, timeout_s=exit_timeout_s + 20)}",
-            file=sys.stderr,
-            flush=True,
-        )
+    # Both stop at once: each refuses new requests and finishes the streams in flight (Triton waits up to
+    # exit_timeout_s for them; the front door relays them until they end), then exits.
+    door = threading.Thread(target=_stop_frontend, args=(frontend, exit_timeout_s), daemon=True)
+    door.start()
     supervisor.stop()  # stops tritonserver from the supervisor's thread
     thread.join(exit_timeout_s + 30)
+    door.join(exit_timeout_s + 30)
     if supervisor.proc is not None and supervisor.proc.poll() is None:
         stop_server(supervisor.proc)
     if supervisor.proc is not None:
         print(f"[llm-serve] tritonserver exited with code {supervisor.proc.returncode}", file=sys.stderr, flush=True)
     return code
+
+
+def _stop_frontend(frontend: subprocess.Popen | None, exit_timeout_s: int) -> None:
+    if frontend is not None and frontend.poll() is None:
+        code = stop_server(frontend, timeout_s=exit_timeout_s + 20)
+        print(f"[llm-serve] the front door exited with code {code}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
-"""Keeps tritonserver serving: restarts it with bounded back-off when it exits unexpectedly, when one of its
-Python stub processes has died, or when a model's engine thread has died (the model's `llm_engine_alive`
-gauge reads 0). Triton 2.51 offers a Python model no way to mark itself unready, and it does not restart a
-decoupled model's stub: without this, requests to such a model would fail or hang until someone noticed.
+"""Keeps tritonserver serving: restarts it with bounded back-off when it exits unexpectedly after it was serving,
+when one of its Python stub processes has died, or when a model's engine thread has died (the model's
+`llm_engine_alive` gauge reads 0, or the model unloaded itself on the engine's death and its gauge is gone).
+Triton 2.51 does not restart a decoupled model's stub: without this, requests to such a model would fail or
+hang until someone noticed. A server that fails before it was ever ready (a model's configuration error) is
+not restarted: the launch ends with its exit code.
 
 Standard library only, like the rest of the launcher. While the server is down its HTTP port is closed, so
 `/v2/health/ready` fails for the whole gap; it answers 200 again once the restarted server has loaded its
 models. Used by `llm-serve` (launcher/serve.py, the documented launch)::
 
-    sup = Supervisor(lambda: subprocess.Popen(argv, ...), http_port=8000, metrics_port=8002)
+    sup = Supervisor(start, stop, metrics_url="http://127.0.0.1:8002/metrics",
+                     ready_url="http://127.0.0.1:8000/v2/health/ready")
     sup.run()          # blocks until sup.stop() (from a signal handler or another thread)
 """
 
@@ -24,7 +27,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import TextIO
 
-_DEAD_ENGINE_RE = re.compile(r"^llm_engine_alive\{([^}]*)\}\s+0(?:\.0*)?\s*$", re.MULTILINE)
+from launcher.readiness import url_ok
+
+_ENGINE_ALIVE_RE = re.compile(r"^llm_engine_alive\{([^}]*)\}\s+(\S+)\s*$", re.MULTILINE)
 
 
 def describe_exit(code: int) -> str:
@@ -65,13 +70,28 @@ def stub_processes(server_pid: int) -> dict[int, str]:
     return stubs
 
 
-def dead_engines(metrics_text: str) -> list[str]:
-    """Label sets of every `llm_engine_alive` gauge that reads 0 in a Prometheus scrape."""
-    return _DEAD_ENGINE_RE.findall(metrics_text)
+def engine_gauges(metrics_text: str) -> dict[str, bool]:
+    """{label set: alive} of every `llm_engine_alive` gauge in a Prometheus scrape."""
+    return {labels: float(value) != 0 for labels, value in _ENGINE_ALIVE_RE.findall(metrics_text)}
+
+
+def dead_engines(metrics_text: str, seen_alive: set[str] = frozenset()) -> list[str]:
+    """Label sets of the engines that are dead in a scrape: their gauge reads 0, or an engine of `seen_alive`
+    has no gauge any more (its model unloaded itself when the engine died: model_repository/llm/1/model.py)."""
+    gauges = engine_gauges(metrics_text)
+    return sorted({labels for labels, alive in gauges.items() if not alive} | (set(seen_alive) - set(gauges)))
 
 
 class Supervisor:
     """Runs the server that `start()` launches; restarts it after an unexpected exit or a dead engine.
+
+    With `ready_url`, a server that exits with an error code by itself before that URL first answered 200
+    failed to start: a model's configuration error, say. That is not restarted: `run()` returns its exit code
+    at once (restarts are for a server that crashed after it was serving, or was killed by a signal). Without
+    `ready_url` a server counts as serving from its start.
+
+    `stop` stops a server gracefully; `stop_broken` (default: `stop`) stops one that lost a stub, which cannot
+    finish gracefully.
 
     Back-off: `backoff_initial_s`, doubling per consecutive failure up to `backoff_max_s`; a server that ran
     `stable_after_s` without failing resets it. More than `max_restarts` consecutive failures (None: no limit;
@@ -83,7 +103,9 @@ class Supervisor:
         start: Callable[[], subprocess.Popen],
         stop: Callable[[subprocess.Popen], int | None],
         *,
+        stop_broken: Callable[[subprocess.Popen], int | None] | None = None,
         metrics_url: str | None = None,
+        ready_url: str | None = None,
         health_interval_s: float = 1.0,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 30.0,
@@ -94,7 +116,9 @@ class Supervisor:
         on_start: Callable[[subprocess.Popen], None] = lambda proc: None,
     ):
         self._start, self._stop = start, stop
+        self._stop_broken = stop_broken or stop
         self.metrics_url = metrics_url
+        self.ready_url = ready_url
         self.health_interval_s = health_interval_s
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.stable_after_s = stable_after_s
@@ -104,6 +128,8 @@ class Supervisor:
         self._stopping = threading.Event()
         self.proc: subprocess.Popen | None = None
         self.restarts = 0  # in total, for tests and logs
+        self.served = False  # whether the current server has answered ready_url (always, without one)
+        self.checks = 0  # health checks made so far (tests wait on it rather than sleep)
         self._on_start = on_start  # called after every (re)start, e.g. to announce readiness
 
     def log(self, message: str) -> None:
@@ -114,20 +140,27 @@ class Supervisor:
         self._stopping.set()
 
     def run(self) -> int:
-        """Supervise until `stop()` (which stops the server); returns 0 then, or the server's last exit code
-        after `max_restarts` consecutive failures. On an exception (e.g. KeyboardInterrupt) the server is
-        left to the caller (`self.proc`)."""
+        """Supervise until `stop()` (which stops the server); returns 0 then, the exit code of a server that
+        failed to start, or the server's last exit code after `max_restarts` consecutive failures. On an
+        exception (e.g. KeyboardInterrupt) the server is left to the caller (`self.proc`)."""
         failures = 0
         while not self._stopping.is_set():
             started = time.monotonic()
+            self.served = self.ready_url is None
             self.proc = self._start()
             self._on_start(self.proc)
             why = self._watch(self.proc)
             if self._stopping.is_set():
                 break
+            detail = self._describe(self.proc)
+            if not self.served and (self.proc.returncode or 0) > 0:  # it gave up by itself, not killed by a signal
+                self.log(
+                    f"tritonserver {why} before it was ready: it failed to start, and would again, so it is not "
+                    "restarted" + (f"; what failed:\n{detail}" if detail else "")
+                )
+                return self.proc.returncode or 1
             failures = 1 if time.monotonic() - started >= self.stable_after_s else failures + 1
             self.log(f"tritonserver {why} (consecutive failure {failures})")
-            detail = self._describe(self.proc)
             if detail:
                 self.log("server log tail:\n" + detail)
             if self.max_restarts is not None and failures > self.max_restarts:
@@ -145,37 +178,45 @@ class Supervisor:
     def _watch(self, proc: subprocess.Popen) -> str:
         """Wait until the server exits, a stub dies or a model's engine dies (then stop the server); says which."""
         stubs: dict[int, str] = {}  # every stub seen since the start: they appear while models load
-        while not self._stopping.is_set():
-            try:
-                code = proc.wait(timeout=self.health_interval_s)
+        alive: set[str] = set()  # every engine seen alive since the start
+        # A stop is acted on at once; until the server is first ready, readiness is polled 4x as often, so
+        # that a server that crashes right after it got ready is not taken for one that never started.
+        while not self._stopping.wait(self.health_interval_s if self.served else self.health_interval_s / 4):
+            code = proc.poll()
+            if code is not None:
                 # Its Python stubs outlive a killed server (seen after a SIGKILL: an orphan holding the model's
                 # memory for minutes); `stop` ends what is left of its process group.
                 self._stop(proc)
                 return f"exited unexpectedly ({describe_exit(code)})"
-            except subprocess.TimeoutExpired:
-                pass
+            if not self.served:
+                self.served = url_ok(self.ready_url)
             current = stub_processes(proc.pid)
             gone = {pid: name for pid, name in stubs.items() if pid not in current}
-            if gone and proc.poll() is None:
-                self._stop(proc)
+            if gone and proc.poll() is None and self.served:  # while loading, a failed model's stub exits
+                # Triton cannot finish that model's streams nor unload it gracefully: without a short stop it
+                # waits out its exit timeout twice (measured: the stream in flight failed 35.9 s after the kill).
+                self._stop_broken(proc)
                 return (
                     "lost Python stub process(es) "
                     + ", ".join(f"{n} (pid {p})" for p, n in gone.items())
                     + "; Triton 2.51 does not restart a decoupled model's stub; stopped it"
                 )
             stubs.update(current)
-            dead = self._dead_engines()
+            text = self._scrape()  # None while not up yet, or busy: only an explicit 0 or a vanished engine counts
+            dead = dead_engines(text, alive) if text is not None else []
             if dead:
                 self._stop(proc)
                 return f"has a model whose engine thread died ({', '.join(dead)}); stopped it"
+            alive.update(labels for labels, up in engine_gauges(text or "").items() if up)
+            self.checks += 1
         self._stop(proc)
         return "stopped on request"
 
-    def _dead_engines(self) -> list[str]:
+    def _scrape(self) -> str | None:
         if not self.metrics_url:
-            return []
+            return None
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=2) as resp:
-                return dead_engines(resp.read().decode("utf-8", "replace"))
-        except OSError:  # not up yet, or busy: only an explicit 0 counts
-            return []
+                return resp.read().decode("utf-8", "replace")
+        except OSError:
+            return None

@@ -42,12 +42,11 @@ from gevent import monkey
 
 monkey.patch_all()
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 from locust import events  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 import launcher.replicas  # noqa: E402
+from launcher.paths import REPO_ROOT  # noqa: E402
 from loadtest.failover_report import analyse, machine, report  # noqa: E402
 from loadtest.failover_run import OPTIONS, RUN, FailoverUser  # noqa: E402
 from testkit import prometheus  # noqa: E402

@@ -28,14 +28,13 @@ from gevent import monkey
 
 monkey.patch_all()
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 import psutil  # noqa: E402
 from locust import User  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 import launcher  # noqa: E402
 from client.api import Completion, GrpcStream, stream_http  # noqa: E402
+from launcher.paths import REPO_ROOT  # noqa: E402
 from loadtest import locustfile  # noqa: E402
 from loadtest.locustfile import (  # noqa: E402
     GrpcStreamUser,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher.paths import REPO_ROOT
 from loadtest.soak_recording import KV_METRIC, Recorder
 from loadtest.throughput import THROUGHPUT_TYPE
 from testkit.stats import percentile
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 CANCEL_TYPES = ("grpc_cancel", "http_drop", "openai_drop")  # the requests the leaving users meant to cut short
 WARMUP_S = 60.0  # memory is compared from the end of the first minute
 

@@ -9,4 +9,5 @@ function that needs them), and nothing here imports from tests/.
     testkit.prometheus    the one Prometheus text-format parser, and scrape(url)
     testkit.stats         the one percentile definition
     testkit.concurrency   run_concurrently, raise_first_error
+    testkit.server_variants  the integration repository's model variants (VARIANTS, FRONTEND_MODELS)
 """

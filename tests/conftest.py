@@ -5,14 +5,14 @@ CI by skipping; outside CI such tests skip and say what to build."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from launcher.paths import MODEL_DIR, REPO_ROOT
+
 # What the suites need from the set-up (`make test` builds each first), with the target that builds it.
 REQUIRED_SET_UP = {
-    REPO_ROOT / "models" / "smollm2-135m-instruct" / "config.json": "make model",
+    MODEL_DIR / "config.json": "make model",
     REPO_ROOT / ".triton" / "backends" / "python" / "triton_python_backend_stub": "make triton",
 }
 

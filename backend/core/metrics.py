@@ -152,10 +152,21 @@ class TritonMetricsSink:
     def observe(self, name: str, value: float) -> None:
         self._metric(name, None).observe(value)
 
+    def close(self) -> None:
+        """Delete this model's metrics from the server, metrics before their families (each deletion is a round
+        trip): Triton keeps a Python model's metrics after its stub has exited, so an unloaded model would
+        leave its last values on the metrics page."""
+        self._metrics.clear()
+        self._families.clear()
+
 
 class PeriodicPublisher:
     """A sink that buffers updates (summing counter increments, keeping each gauge's last value) and replays
-    them into `sink` from a thread of its own every `interval_s`."""
+    them into `sink` from a thread of its own every `interval_s`, once `start()` has been called.
+
+    The thread is not started by the constructor: a Triton model publishes from its own thread during
+    `initialize` and starts the publisher only once serving (docs/engine.md, "Start and stop"), so that no
+    two threads of the stub make metric round trips while `initialize` runs."""
 
     def __init__(self, sink, interval_s: float = 0.1):
         self.sink = sink
@@ -164,10 +175,20 @@ class PeriodicPublisher:
         self._gauges: dict[str, float] = {}
         self._observations: list[tuple[str, float]] = []
         self._lock = threading.Lock()
-        self._replaying = threading.Lock()  # publish() is also called from other threads (initialize, close)
+        self._replaying = threading.Lock()  # publish() is also called from other threads (close, flush)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
-        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the publishing thread is running."""
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start publishing every `interval_s` (idempotent; never after `close()`)."""
+        with self._lock:
+            if self._thread.ident is None and not self._stop.is_set():
+                self._thread.start()
 
     def inc(self, name: str, value: float, labels: dict | None) -> None:
         with self._lock:
@@ -203,7 +224,9 @@ class PeriodicPublisher:
                 log.exception("publishing metrics failed")
 
     def close(self) -> None:
-        """Stop the thread after a last publish."""
-        self._stop.set()
-        self._thread.join(timeout=10)
+        """Stop the thread (if it was started), then publish what is left."""
+        with self._lock:
+            self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
         self.publish()

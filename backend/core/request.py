@@ -141,6 +141,14 @@ class RequestOutput:
         )
 
 
+def _ignore_output(output: RequestOutput) -> None:
+    pass
+
+
+def _never_cancelled() -> bool:
+    return False
+
+
 @dataclass
 class Request:
     """A client request: a prompt, its parameters, and where its outputs go."""
@@ -150,8 +158,8 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     stream: bool = False
-    on_output: Callable[[RequestOutput], None] = lambda output: None
-    is_cancelled: Callable[[], bool] = lambda: False
+    on_output: Callable[[RequestOutput], None] = _ignore_output
+    is_cancelled: Callable[[], bool] = _never_cancelled
     arrival_time: float = field(default_factory=time.perf_counter)
     base_seed: int = 0  # seeds the samples' generators when params.seed is None
     sequences: list[Sequence] = field(default_factory=list)
@@ -167,6 +175,13 @@ class Request:
     def __post_init__(self):
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
+
+    def release_transport(self) -> None:
+        """Drop the callbacks once the final output is sent. They hold the transport's handles (a Triton
+        response sender), which must not wait for the cycle collector (a Request and its Sequences refer to
+        each other): Triton cannot unload a model while a response sender of one of its requests is alive."""
+        self.on_output = _ignore_output
+        self.is_cancelled = _never_cancelled
 
     @property
     def computing_prompt_logprobs(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from backend.core.request import Request, RequestOutput
 from backend.engine.llm_engine import LLMEngine
@@ -32,8 +33,12 @@ SHUTTING_DOWN = ErrorText("the server is shutting down", UNAVAILABLE)
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine):
+    """`on_death`, if given, is called once from the dying engine thread after every request in flight has been
+    answered (the Triton model uses it to stop reporting READY)."""
+
+    def __init__(self, engine: LLMEngine, on_death: Callable[[ErrorText], None] | None = None):
         self.engine = engine
+        self.on_death = on_death
         self._incoming: deque[Request] = deque()
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
@@ -85,6 +90,8 @@ class EngineLoop:
             self.engine.metrics.set("llm_engine_alive", 0)
             self.engine.update_gauges()  # the blocks the failed requests held are free again
             self.engine.metrics.flush()
+            if self.on_death is not None:
+                self.on_death(self.failure)
 
     def _serve(self) -> None:
         while not self._stopping.is_set():

@@ -78,6 +78,7 @@ class OutputSender:
             with self._ready:
                 self._in_flight.pop(key, None)
             self._failed.discard(key)
+            request.release_transport()
 
     def _sweep(self) -> None:
         now = time.monotonic()

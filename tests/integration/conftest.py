@@ -20,6 +20,7 @@ Environment:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import sys
 import threading
@@ -32,78 +33,15 @@ import pytest
 
 import launcher
 from launcher.model_config import write_model_repository
+from launcher.paths import MODEL_DIR
 
 # The one Prometheus parser and the one Hugging Face greedy reference (float32, batch 1, stops after EOS, its
-# outputs kept in a JSON file) live in testkit; imported here too, as tests import them from conftest.
+# outputs kept in a JSON file) live in testkit.
 from testkit.hf_reference import HFReference as Reference
-from testkit.hf_reference import RefOutput  # noqa: F401
-from testkit.prometheus import MetricKey, parse_prometheus  # noqa: F401
+from testkit.prometheus import MetricKey, parse_prometheus
+from testkit.server_variants import FRONTEND_MODELS, VARIANTS
 
 HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parents[1]
-
-MODEL_DIR = (REPO_ROOT / "models" / "smollm2-135m-instruct").resolve()
-
-# Every variant the session's server loads: model name -> engine parameters that differ from
-# model_repository/llm/config.pbtxt (string values, as in config.pbtxt). `model` is always set to the
-# absolute path of models/smollm2-135m-instruct unless a variant sets it.
-# float32 variants are held to token-for-token equality with Hugging Face's float32 `generate`.
-# Dense fp32 without speculation: the reference configuration every feature test holds token for token to
-# transformers (the default repository's own settings, GGUF blocks and adaptive n-gram speculation, are
-# `llm_default`'s, held to the rule of what it picks on the machine).
-_FP32 = {"dtype": "float32", "quantization": "none", "draft_model": "", "num_speculative_tokens": "0"}
-_FIXED_K = {"spec_adaptive": "false"}  # the speculative variants verify a fixed k every step
-VARIANTS: dict[str, dict[str, str]] = {
-    # Default-like, but a small token budget so that prompts longer than 64 tokens are prefilled in chunks.
-    "llm": {**_FP32, "max_num_batched_tokens": "64", "max_num_seqs": "32"},
-    # 40 blocks x 16 tokens = 640 tokens of KV: 24 concurrent requests must preempt.
-    "llm_small_kv": {**_FP32, "kv_cache_blocks": "40", "block_size": "16", "max_num_seqs": "32"},
-    # Two running sequences and at most four waiting requests: a flood is partly refused.
-    "llm_small_queue": {**_FP32, "max_queue_size": "4", "max_num_seqs": "2"},
-    # The `llm` settings without a prefix cache: the cold-cache baseline for prefix-caching tests.
-    "llm_no_prefix_cache": {**_FP32, "max_num_batched_tokens": "64", "enable_prefix_caching": "false"},
-    # Speculative decoding: the target's weights in bf16 as the draft, n-gram drafts, and a draft identical
-    # to the target. A large spec_max_batch_size keeps speculation on under load.
-    "llm_spec_draft": {
-        **_FP32,
-        **_FIXED_K,
-        "max_num_batched_tokens": "64",
-        "draft_model": "self",
-        "draft_dtype": "bfloat16",
-        "num_speculative_tokens": "3",
-        "spec_max_batch_size": "32",
-    },
-    "llm_spec_ngram": {
-        **_FP32,
-        **_FIXED_K,
-        "max_num_batched_tokens": "64",
-        "draft_model": "ngram",
-        "num_speculative_tokens": "3",
-        "spec_max_batch_size": "32",
-    },
-    "llm_spec_same": {
-        **_FP32,
-        **_FIXED_K,
-        "draft_model": "self",
-        "draft_dtype": "float32",
-        "num_speculative_tokens": "4",
-    },
-    # The default model repository as shipped (quantization auto: the GGUF blocks where our kernel runs;
-    # adaptive n-gram speculation), with a small token budget (chunked prefill) and speculation kept on for
-    # the whole concurrent set: held to the rule of what `auto` picks here (test_default_fidelity.py).
-    "llm_default": {"max_num_batched_tokens": "64", "spec_max_batch_size": "32"},
-    # Test-only faults (test_engine_faults.py): a step holding a request whose prompt carries the step marker
-    # raises; one carrying the death marker kills the engine thread. One sequence per step: the others wait.
-    "llm_faults": {
-        **_FP32,
-        "max_num_seqs": "1",
-        "kv_cache_blocks": "64",
-        "fault_injection": "step_error:<<FAIL THIS STEP>>,engine_death:<<KILL THE ENGINE>>",
-    },
-}
-
-# Triton models the session's front door serves (the first is the one its batch view shows).
-FRONTEND_MODELS = ("llm", "llm_small_queue", "llm_default")
 
 _LOG_PATH: Path | None = None  # for the failure summary
 
@@ -148,6 +86,7 @@ class LLMServer(launcher.RunningServer):
 
     repository: Path
     variants: dict[str, dict[str, str]]
+    unloaded: set[str] = dataclasses.field(default_factory=set)  # models a test unloaded on purpose
     frontend: object | None = None  # the front door's process
     openai_port: int = 0
 
@@ -164,46 +103,71 @@ class LLMServer(launcher.RunningServer):
         """Scrape the metrics port: a Metrics holding {(name, frozenset(labels)): value}."""
         return Metrics(parse_prometheus(self.metrics_text()))
 
-    def wait_for(self, predicate: Callable[[Metrics], bool], timeout_s: float = 30.0, poll_s: float = 0.2) -> Metrics:
-        """Scrape until predicate(metrics) holds; returns the last scrape (check the predicate again)."""
+    def wait_for(
+        self, predicate: Callable[[Metrics], bool], timeout_s: float = 30.0, what: str = "", poll_s: float = 0.2
+    ) -> Metrics:
+        """Scrape until predicate(metrics) holds and return that scrape; after `timeout_s`, fail saying what was
+        awaited (`what`, else the predicate's source) and what the last scrape showed."""
         deadline = time.monotonic() + timeout_s
         while True:
             m = self.metrics()
-            if predicate(m) or time.monotonic() >= deadline:
+            if predicate(m):
                 return m
+            if time.monotonic() >= deadline:
+                raise AssertionError(
+                    f"timed out after {timeout_s:.0f} s waiting for {what or _source(predicate)}; "
+                    f"last scrape: {_engine_state(m)}"
+                )
             time.sleep(poll_s)
 
     def settled_metrics(self, model: str = "llm", timeout_s: float = 10.0, interval_s: float = 0.15) -> Metrics:
         """A scrape that reflects every update the engine has made so far: the model publishes its metrics
         from a thread of its own every 100 ms, so scrape until two scrapes `interval_s` apart agree on all of
-        `model`'s values."""
+        `model`'s values (fails if they still change after `timeout_s`)."""
         deadline = time.monotonic() + timeout_s
         last = self.metrics()
         while True:
             time.sleep(interval_s)
             m = self.metrics()
             mine = {k: v for k, v in m.values.items() if ("model", model) in k[1]}
-            if (
-                mine == {k: v for k, v in last.values.items() if ("model", model) in k[1]}
-                or time.monotonic() >= deadline
-            ):
+            if mine == {k: v for k, v in last.values.items() if ("model", model) in k[1]}:
                 return m
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{model}'s metrics still changed after {timeout_s:.0f} s: {_engine_state(m)}")
             last = m
 
     def wait_idle(self, model: str = "llm", timeout_s: float = 30.0) -> Metrics:
-        """Wait until `model` runs nothing, has nothing waiting and holds no KV blocks."""
+        """Wait until `model` runs nothing, has nothing waiting and holds no KV blocks (fails after `timeout_s`)."""
         if not self.metrics().has("llm_kv_cache_blocks_total", model):
             raise AssertionError(
                 f"model {model!r} is not served (no metrics): add it to VARIANTS in "
-                f"tests/integration/conftest.py (served: {sorted(self.variants)})"
+                f"testkit/server_variants.py (served: {sorted(self.variants)}; unloaded: {sorted(self.unloaded)})"
             )
-        return self.wait_for(lambda m: is_idle(m, model), timeout_s)
+        return self.wait_for(lambda m: is_idle(m, model), timeout_s, what=f"{model} to be idle")
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def log_tail(self, lines: int = 80) -> str:
         return launcher.log_tail(self.log_path, lines)
+
+
+def _source(predicate) -> str:
+    try:
+        return inspect.getsource(predicate).strip()
+    except (OSError, TypeError):
+        return repr(predicate)
+
+
+def _engine_state(m: Metrics) -> str:
+    """Each model's running / waiting / KV blocks used, from one scrape."""
+    models = sorted({dict(labels).get("model") for name, labels in m.values if name == "llm_kv_cache_blocks_total"})
+    return "; ".join(
+        f"{model}: running {m.get('llm_requests_running', model, -1):.0f}, "
+        f"waiting {m.get('llm_requests_waiting', model, -1):.0f}, "
+        f"blocks used {m.get('llm_kv_cache_blocks_used', model, -1):.0f}"
+        for model in models
+    )
 
 
 def is_idle(m: Metrics, model: str) -> bool:
@@ -267,19 +231,13 @@ def server(tmp_path_factory) -> LLMServer:
 
 
 def check_no_kv_block_leaks(server: LLMServer) -> None:
-    """Once idle, no model of the session's server holds a KV block or a request, and the server is alive."""
-    leaks = {}
-    for model in server.variants:
+    """Once idle, no model of the session's server holds a KV block or a request, and the server is alive (the
+    models a test unloaded on purpose, `server.unloaded`, excepted)."""
+    for model in sorted(set(server.variants) - server.unloaded):
         m = server.wait_idle(model, timeout_s=30)
-        used = m.get("llm_kv_cache_blocks_used", model, default=-1)
-        running = m.get("llm_requests_running", model, default=-1)
-        waiting = m.get("llm_requests_waiting", model, default=-1)
-        if (used, running, waiting) != (0, 0, 0):
-            leaks[model] = dict(blocks_used=used, running=running, waiting=waiting)
         total = m.get("llm_kv_cache_blocks_total", model)
         free = m.get("llm_kv_cache_blocks_free", model)
-        assert free == total or model in leaks, f"{model}: {free:.0f} free of {total:.0f} blocks while idle"
-    assert not leaks, f"models not back to idle 30 s after the suite: {leaks}"
+        assert free == total, f"{model}: {free:.0f} free of {total:.0f} blocks while idle"
     assert server.alive(), "tritonserver died during the suite"
 
 
@@ -319,7 +277,7 @@ def session_reference(tmp_path_factory) -> Reference:
 
 def _prefetch_reference(tmp_path_factory, stop: threading.Event) -> None:
     try:
-        from llm_testlib import REFERENCE_PREFETCH
+        from tests.integration.llm_testlib import REFERENCE_PREFETCH
 
         session_reference(tmp_path_factory).many(REFERENCE_PREFETCH, stop=stop)
     except Exception as exc:  # noqa: BLE001 - the tests compute (and report) it again

@@ -1,12 +1,18 @@
-"""What only the integration suite uses: the reference outputs prefetched while the server starts, and the front
-door's HTTP from a test. Everything tests and benchmarks share (prompts, the Hugging Face reference, concurrency
-helpers, the fidelity rule, Prometheus parsing, percentiles) is in testkit/."""
+"""What only the integration suite uses: the reference outputs prefetched while the server starts, the front
+door's HTTP from a test, and a batch-view watch (every engine step's record, over gRPC). Everything tests and
+benchmarks share (prompts, the Hugging Face reference, concurrency helpers, the fidelity rule, Prometheus parsing,
+percentiles) is in testkit/."""
 
 from __future__ import annotations
 
 import json
+import queue
+import time
 import urllib.error
 import urllib.request
+
+import numpy as np
+import tritonclient.grpc as grpcclient
 
 from testkit.prompts import MIXED_CASES
 
@@ -47,3 +53,45 @@ def sse_events(server, path: str, body: dict) -> list[str]:
     with urllib.request.urlopen(request, timeout=120) as resp:
         assert resp.headers["Content-Type"].startswith("text/event-stream")
         return [line[len("data: ") :] for line in resp.read().decode().splitlines() if line.startswith("data: ")]
+
+
+# ------------------------------------------------------------------------------------------ the batch view
+
+WATCH = {"batch_view": True}
+
+
+class Watch:
+    """One watch over gRPC streaming; records arrive on a queue."""
+
+    def __init__(self, grpc_url: str, model: str):
+        self.records: queue.Queue = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(grpc_url)
+        self.client.start_stream(callback=self._on_response)
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b""], dtype=object))
+        self.client.async_stream_infer(model, [text], parameters=WATCH)
+
+    def _on_response(self, result, error) -> None:
+        if error is not None:
+            self.records.put({"type": "error", "message": str(error)})
+            return
+        for record in json.loads(result.as_numpy("text_output")[0])["records"]:
+            self.records.put(record)
+
+    def next(self, timeout_s: float = 30.0) -> dict:
+        record = self.records.get(timeout=timeout_s)
+        assert record["type"] != "error", record
+        return record
+
+    def steps_until_finished(self, num_seqs: int, timeout_s: float = 120.0) -> list[dict]:
+        """Step records until `num_seqs` distinct sequences (request, sample) have finished."""
+        steps, finished = [], set()
+        deadline = time.monotonic() + timeout_s
+        while len(finished) < num_seqs:
+            steps.append(self.next(max(0.1, deadline - time.monotonic())))
+            finished |= {(e["request_id"], e["sample"]) for e in steps[-1]["seqs"] if e["finished"]}
+        return steps
+
+    def close(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()

@@ -15,12 +15,12 @@ import itertools
 import json
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from client import stream_http
+from launcher.paths import MODEL_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +171,7 @@ def run_all(url: str, cases: list[Case], timeout_s: float = 120.0) -> dict[str, 
 def grid(server):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
     runs = run_all(server.grpc_url, CASES)
     return runs, {p: len(tokenizer(p).input_ids) for p in {c.prompt for c in CASES}}
 

@@ -8,54 +8,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import queue
-import time
 import uuid
-
-import numpy as np
-import tritonclient.grpc as grpcclient
 
 from client.api import generate_http
 from testkit.concurrency import raise_first_error, run_concurrently
-
-WATCH = {"batch_view": True}
-
-
-class Watch:
-    """One watch over gRPC streaming; records arrive on a queue."""
-
-    def __init__(self, grpc_url: str, model: str):
-        self.records: queue.Queue = queue.Queue()
-        self.client = grpcclient.InferenceServerClient(grpc_url)
-        self.client.start_stream(callback=self._on_response)
-        text = grpcclient.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([b""], dtype=object))
-        self.client.async_stream_infer(model, [text], parameters=WATCH)
-
-    def _on_response(self, result, error) -> None:
-        if error is not None:
-            self.records.put({"type": "error", "message": str(error)})
-            return
-        for record in json.loads(result.as_numpy("text_output")[0])["records"]:
-            self.records.put(record)
-
-    def next(self, timeout_s: float = 30.0) -> dict:
-        record = self.records.get(timeout=timeout_s)
-        assert record["type"] != "error", record
-        return record
-
-    def steps_until_finished(self, num_requests: int, timeout_s: float = 120.0) -> list[dict]:
-        """Step records until `num_requests` distinct requests have finished."""
-        steps, finished = [], set()
-        deadline = time.monotonic() + timeout_s
-        while len(finished) < num_requests:
-            steps.append(self.next(max(0.1, deadline - time.monotonic())))
-            finished |= {e["request_id"] for e in steps[-1]["seqs"] if e["finished"]}
-        return steps
-
-    def close(self) -> None:
-        self.client.stop_stream(cancel_requests=True)
-        self.client.close()
+from tests.integration.llm_testlib import WATCH, Watch
 
 
 def by_request(steps: list[dict]) -> dict[str, list[dict]]:

@@ -10,19 +10,17 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
 import psutil
 import pytest
-from conftest import REPO_ROOT
 
 import launcher
 from client import ServerError, generate_http, stream_grpc
 from launcher.model_config import write_model_repository
 from launcher.supervisor import stub_processes
+from testkit.launch import start_launch
 
 pytestmark = pytest.mark.integration
 
@@ -48,32 +46,11 @@ def launch(tmp_path_factory):
             },
         },
     )
-    ports = [launcher.free_port() for _ in range(3)]
-    output = tmp_path / "serve.out"
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "launcher.serve",
-                "--model-repository",
-                str(repository),
-                "--http-port",
-                str(ports[0]),
-                "--grpc-port",
-                str(ports[1]),
-                "--metrics-port",
-                str(ports[2]),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=str(REPO_ROOT),
-            start_new_session=True,
-        )
+    served = start_launch(repository, tmp_path / "serve.out")
     try:
-        yield proc, ports, output
+        yield served.proc, (served.http_port, served.grpc_port, served.metrics_port), served.output
     finally:
-        launcher.stop_server(proc, timeout_s=60)  # SIGINT: llm-serve stops its tritonserver, then exits
+        launcher.stop_server(served.proc, timeout_s=60)  # SIGINT: llm-serve stops its tritonserver, then exits
 
 
 def wait_ready(port: int, proc, timeout_s: float, output) -> None:

@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from conftest import MODEL_DIR
 
 from backend.model import kernels
 from backend.model.hardware import resolve_for_model
 from client import collect_http, stream_grpc
+from launcher.paths import MODEL_DIR
 from testkit.concurrency import raise_first_error, run_concurrently
 from testkit.fidelity import summarize
 from testkit.hf_reference import HFReference

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from launcher.paths import REPO_ROOT
+
 LOCUSTFILE = REPO_ROOT / "loadtest" / "locustfile.py"
 
 USER_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat")

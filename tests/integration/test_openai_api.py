@@ -15,14 +15,14 @@ import urllib.request
 import openai
 import pytest
 import torch
-from conftest import MODEL_DIR
-from llm_testlib import post, sse_events
 
 from backend.model.hardware import resolve_for_model
+from launcher.paths import MODEL_DIR
 from testkit.concurrency import raise_first_error, run_concurrently
 from testkit.fidelity import summarize
 from testkit.hf_reference import HFReference
 from testkit.prompts import MIXED_CASES
+from tests.integration.llm_testlib import post, sse_events
 
 pytestmark = pytest.mark.integration
 

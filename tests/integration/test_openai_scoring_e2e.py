@@ -10,13 +10,13 @@ import time
 import openai
 import pytest
 import torch
-from conftest import MODEL_DIR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llm_testlib import post
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import launcher
+from launcher.paths import MODEL_DIR
+from tests.integration.llm_testlib import post
 
 pytestmark = pytest.mark.integration
 

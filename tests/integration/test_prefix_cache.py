@@ -4,13 +4,11 @@ The seed's workload (paged_attention_cow_prefix_caching): a long markdown table 
 two different questions, greedy. The second question's prefill reuses the table's cached blocks.
 """
 
-import threading
-import time
-
 import pytest
 
 from client import stream_grpc
 from testkit.fidelity import first_mismatch
+from tests.integration.llm_testlib import Watch
 
 pytestmark = pytest.mark.integration
 
@@ -92,31 +90,22 @@ def test_n_samples_share_the_prompt_blocks(server, reference):
     prompt = SYSTEM[:1400] + "\nWrite one sentence about one person in the table:"
     prompt_blocks = len(reference.prompt_ids(prompt)) // 16
     server.wait_idle(model)
-    peak = {"blocks": 0.0, "running": 0.0}
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            m = server.metrics()
-            if m.get("llm_requests_running", model) == 4:
-                peak["blocks"] = max(peak["blocks"], m.get("llm_kv_cache_blocks_used", model))
-                peak["running"] = 4
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
+    watch = Watch(server.grpc_url, model)  # every step's record: the KV blocks used after it, exactly
     try:
+        assert watch.next()["type"] == "summary"
         params = dict(max_tokens=40, temperature=1.0, seed=99, n=4, ignore_eos=True)
         first = stream_grpc(prompt, server.grpc_url, model, **params).completion()
+        steps = watch.steps_until_finished(4)
     finally:
-        stop.set()
-        watcher.join()
+        watch.close()
     second = stream_grpc(prompt, server.grpc_url, model, **params).completion()
     samples = {i: s.token_ids for i, s in first.samples.items()}
     assert sorted(samples) == [0, 1, 2, 3]
     assert len({tuple(t) for t in samples.values()}) == 4, "the four samples should differ"
     assert {i: s.token_ids for i, s in second.samples.items()} == samples, "a seeded n=4 request must reproduce"
-    assert peak["running"] == 4, "never saw the four samples running together"
+    together = [step["kv_blocks_used"] for step in steps if step["running"] == 4]
+    assert together, "the four samples never ran together"
+    peak = max(together)
     # Shared: the prompt's full blocks once + a few blocks per sample; unshared would be 4x the prompt.
-    assert peak["blocks"] <= prompt_blocks + 4 * 5, f"{peak['blocks']} blocks used for {prompt_blocks} prompt blocks"
-    assert peak["blocks"] < 2 * prompt_blocks
+    assert peak <= prompt_blocks + 4 * 5, f"{peak} blocks used for {prompt_blocks} prompt blocks"
+    assert peak < 2 * prompt_blocks

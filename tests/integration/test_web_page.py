@@ -13,7 +13,8 @@ import urllib.request
 import uuid
 
 import pytest
-from headless_browser import HeadlessBrowser, find_chromium
+
+from tests.integration.headless_browser import HeadlessBrowser, find_chromium
 
 PROMPT = "Name three colours of the rainbow."
 # Longer than the `llm` variant's 64-token budget, so its prompt is prefilled in more than one chunk.
@@ -109,8 +110,13 @@ def test_page_streams_a_typed_prompt_and_shows_concurrent_requests_in_the_batch(
         "[...document.querySelectorAll('#outputs .output')].every(c => c.dataset.state === 'done')",
         180,
     )
-    time.sleep(0.5)  # the last steps' records reach the page
-    page.evaluate("batch.dirty = true, renderBatch()")
+    # the steps' records reach the page a moment after the outputs: wait until its grid shows every copy's row
+    # with both its prefill chunks and its decodes
+    page.wait_for(
+        f"(batch.dirty = true, renderBatch(), {ROWS_JS}.filter(r => r.cells.some(c => c.kind === 'prefill') && "
+        f"r.cells.some(c => c.kind === 'decode')).length >= {COPIES})",
+        30,
+    )
     screenshot = page.screenshot(tmp_path / "batch_view.png")
     record_property("screenshot", str(screenshot))
     print(f"screenshot: {screenshot}")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOL_DIR = REPO_ROOT / "models" / "smollm2-135m-instruct"
+from launcher.paths import MODEL_DIR as SMOL_DIR
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 VOCAB_SIZE = 49152  # SmolLM2's vocabulary
 EOS_ID = 2  # <|im_end|>

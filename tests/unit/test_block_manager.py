@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from block_pool import SIZE, admit_and_compute, new_seq, refs_from_tables
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from backend.core.block_manager import BlockManager
 from backend.core.request import Sequence
+from tests.unit.block_pool import SIZE, admit_and_compute, new_seq, refs_from_tables
 
 # ------------------------------------------------------------------------------------------ allocation
 

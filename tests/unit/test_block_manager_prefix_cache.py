@@ -3,9 +3,8 @@ eviction, duplicates, and caching switched off."""
 
 from __future__ import annotations
 
-from block_pool import SIZE, admit_and_compute, compute, new_seq
-
 from backend.core.block_manager import BlockManager, chain_hash
+from tests.unit.block_pool import SIZE, admit_and_compute, compute, new_seq
 
 # ----------------------------------------------------------------------------------------- prefix cache
 

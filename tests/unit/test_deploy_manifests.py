@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_model_config import CONFIG
 
 from deploy import check, launch
 from launcher.model_config import get_parameter
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from launcher.paths import REPO_ROOT
+from tests.unit.model_configs import CONFIG
 
 OVERLAYS = {p.name: p for p in check.overlays()}
 

@@ -5,10 +5,10 @@ samples, stop rules and speculative decoding."""
 from __future__ import annotations
 
 import pytest
-from engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
 from backend import SamplingParams
 from backend.core.request import FinishReason
+from tests.unit.engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
 # ------------------------------------------------------------------------------------------ correctness
 
@@ -293,7 +293,8 @@ def test_threads_follow_the_step_size(make_engine, monkeypatch):
     import torch
 
     engine = make_engine()
-    engine.threads = (3, 1)  # distinct counts, so the test sees which one each step took
+    forward_threads = torch.get_num_threads()
+    monkeypatch.setattr(engine, "threads", (3, 1))  # distinct counts, so the test sees which one each step took
     used = []
     forward = engine.runner.forward
     monkeypatch.setattr(
@@ -303,6 +304,6 @@ def test_threads_follow_the_step_size(make_engine, monkeypatch):
         run(engine, [engine.build_request("one", "Hello there", greedy(3))])
         run(engine, [engine.build_request(f"b{i}", "Hello there", greedy(3)) for i in range(3)])
     finally:
-        torch.set_num_threads(engine.threads[1])
+        torch.set_num_threads(forward_threads)
     assert used and {threads for n, threads in used if n == 1} == {3}
     assert {threads for n, threads in used if n > 1} == {1}

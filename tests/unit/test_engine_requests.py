@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
-from engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
 from backend import EngineConfig, InvalidRequest, SamplingParams
 from backend.core.fault_injection import InjectedFault
 from backend.core.request import FinishReason
+from tests.unit.engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
 # ----------------------------------------------------------------------------------- cancel and abort
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
 from backend.protocol.sampling_params import SamplingParams
 from backend.protocol.values import InvalidRequest
+from tests.unit.engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
 
 def hf_prompt_logprobs(model, prompt_ids: list[int]) -> list[float]:

@@ -6,12 +6,12 @@ none)."""
 from __future__ import annotations
 
 import pytest
-from tokenizer_folders import SPECIALS, model_folder, pair, their_render
 
 from frontend.errors import APIError
 from frontend.openai_protocol import chat_messages
 from frontend.tokenizer import ModelTokenizer
 from frontend.tools import conversation, parse_tool_calling
+from tests.unit.tokenizer_folders import SPECIALS, model_folder, pair, their_render
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import REPO_ROOT, SMOL_DIR
+from launcher.paths import MODEL_DIR as SMOL_DIR
+from launcher.paths import REPO_ROOT
 
 HEAVY = ("torch", "transformers", "llguidance")
 

@@ -9,8 +9,9 @@ import json
 import random
 
 import pytest
-from conftest import SMOL_DIR
-from tokenizer_folders import SPECIALS, model_folder, pair, their_render
+
+from launcher.paths import MODEL_DIR as SMOL_DIR
+from tests.unit.tokenizer_folders import SPECIALS, model_folder, pair, their_render
 
 transformers = pytest.importorskip("transformers")
 

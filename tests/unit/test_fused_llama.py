@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model_runner import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 from backend.model import fused_llama
 from backend.model.runner import ForwardItem, ModelRunner
+from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 
 def ragged_steps(runner: ModelRunner) -> list[torch.Tensor]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMOL_DIR
 
 from backend.model.gguf_weights import find_gguf, hf_name, verified_blocks
+from launcher.paths import MODEL_DIR as SMOL_DIR
 
 
 @pytest.fixture(scope="module")

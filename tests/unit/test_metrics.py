@@ -85,6 +85,10 @@ def test_periodic_publisher_replays_buffered_updates_from_its_own_thread():
 
     sink = ThreadRecordingSink()
     publisher = PeriodicPublisher(sink, interval_s=0.02)
+    assert not publisher.running  # started by its owner, once serving (the Triton model: at the first execute)
+    publisher.start()
+    publisher.start()  # idempotent
+    assert publisher.running
     m = EngineMetrics()
     m.add_sink(publisher)
     m.set("llm_requests_running", 1)

@@ -6,15 +6,8 @@ from pathlib import Path
 import pytest
 
 from launcher.model_config import get_parameter, read_parameters, set_parameter, write_model_repository
-
-CONFIG = """name: "llm"
-backend: "python"
-
-parameters [
-  { key: "model", value: { string_value: "../../models/m" } },
-  { key: "dtype", value: { string_value: "auto" } }
-]
-"""
+from launcher.paths import MODEL_DIR
+from tests.unit.model_configs import CONFIG
 
 
 def test_set_parameter_replaces_or_adds():
@@ -37,7 +30,7 @@ def test_read_parameters_makes_the_model_path_absolute(tmp_path):
 
 def test_the_shipped_config_names_the_prepared_model():
     params = read_parameters()
-    assert Path(params["model"]) == (Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct")
+    assert Path(params["model"]) == MODEL_DIR
 
 
 def test_write_model_repository_writes_one_model_per_variant(tmp_path):

@@ -3,23 +3,13 @@ tokens and logits as Hugging Face, for tiny random models of several architectur
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from backend.model.runner import ForwardItem, ModelRunner, ModelShape
+from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 FAMILIES = ["llama", "qwen2", "mistral", "gpt2"]
-BLOCK = 4
-NUM_BLOCKS = 64
-
-
-def scattered_tables(num_seqs: int, blocks_each: int, seed: int = 0) -> list[list[int]]:
-    """Disjoint, shuffled block tables: the KV of a sequence is not contiguous in the pool."""
-    ids = list(range(1, NUM_BLOCKS))
-    random.Random(seed).shuffle(ids)
-    return [ids[i * blocks_each : (i + 1) * blocks_each] for i in range(num_seqs)]
 
 
 def paged_greedy(runner: ModelRunner, prompts: list[list[int]], max_new: int, first_chunk: int) -> list[list[int]]:
@@ -49,13 +39,6 @@ def paged_greedy(runner: ModelRunner, prompts: list[list[int]], max_new: int, fi
     while any(len(t) - len(p) < max_new for t, p in zip(tokens, prompts)):
         step([(i, 1, True) for i, (t, p) in enumerate(zip(tokens, prompts)) if len(t) - len(p) < max_new])
     return [t[len(p) : len(p) + max_new] for t, p in zip(tokens, prompts)]
-
-
-PROMPTS = [
-    [5, 17, 300, 4000, 12, 99, 1000, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25],
-    [42, 43, 44],
-    [1000, 2000, 3000, 4000, 5000, 6000, 7],
-]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from responses_requests import CHAT_TOOL, SERVED, TOOL, WEATHER, render, responses
 
 from frontend.errors import APIError
 from frontend.openai_protocol import parse_chat
+from tests.unit.responses_requests import CHAT_TOOL, SERVED, TOOL, WEATHER, render, responses
 
 
 def refused(**body) -> APIError:

@@ -8,11 +8,11 @@ import json
 
 import pydantic
 from openai.types.responses import Response, ResponseStreamEvent
-from responses_requests import TOOL, call_text, responses
 
 from frontend.errors import APIError
 from frontend.responses_output import OutputItems, ResponseAnswer
 from frontend.triton_stream import SampleDelta
+from tests.unit.responses_requests import TOOL, call_text, responses
 
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 

@@ -9,12 +9,12 @@ import json
 import openai
 import pytest
 from aiohttp.test_utils import TestServer
-from responses_requests import SERVED, TOOL, call_text
 
 from backend.protocol.wire import INTERNAL, SERVER_BUSY, error_text
 from frontend import app as app_module
 from frontend.app import Settings, create_app
 from frontend.triton_stream import EngineError, SampleDelta
+from tests.unit.responses_requests import SERVED, TOOL, call_text
 
 
 class Tokenizer:

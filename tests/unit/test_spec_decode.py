@@ -1,15 +1,12 @@
 """Speculative decoding inside the engine: exactness against plain decoding, acceptance, stop rules, and
 an exact target distribution for sampled requests (chi-square)."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from backend import EngineConfig, LLMEngine, SamplingParams
 from backend.spec.proposers import Proposer
-
-SMOL_DIR = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-instruct"
+from launcher.paths import MODEL_DIR as SMOL_DIR
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from engine_runs import check_pool_empty, run
 
 from backend import InvalidRequest, SamplingParams
 from backend.core.request import FinishReason
 from backend.protocol.guided_decoding import pop_guided_decoding
 from backend.sampling.structured_output import GrammarCompiler, StructuredOutput, advance, grammar_text
 from backend.spec.proposers import Proposer
+from tests.unit.engine_runs import check_pool_empty, run
 
 # ----------------------------------------------------------------------------------------------- client keys
 

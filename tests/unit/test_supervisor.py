@@ -1,5 +1,6 @@
 """launcher/supervisor.py: restarts a server process that exits unexpectedly, with bounded back-off, one that
-lost a Python stub, and one whose model reports a dead engine; stops on request."""
+lost a Python stub, and one whose model reports a dead engine (a gauge at 0, or an engine that vanished); does not
+restart a server that failed before it was ever ready; stops on request."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from launcher.supervisor import Supervisor, dead_engines, describe_exit, stub_processes
+import pytest
+
+from launcher.readiness import free_port
+from launcher.supervisor import Supervisor, dead_engines, describe_exit, engine_gauges, stub_processes
 
 
 def python(code: str) -> subprocess.Popen:
@@ -35,6 +39,36 @@ def test_dead_engines_reads_the_gauge():
         'llm_engine_alive{model="b",version="1"} 0\nllm_engine_alive_x{model="c"} 0\n'
     )
     assert dead_engines(text) == ['model="b",version="1"']
+    assert engine_gauges(text) == {'model="a",version="1"': True, 'model="b",version="1"': False}
+    # an engine seen alive whose gauge is gone: its model unloaded itself when the engine died
+    assert dead_engines(text, {'model="a",version="1"', 'model="z",version="1"'}) == [
+        'model="b",version="1"',
+        'model="z",version="1"',
+    ]
+
+
+def wait_until(condition, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(0.01)
+
+
+def serve_metrics(body: dict) -> HTTPServer:
+    """A metrics endpoint answering `body["text"]` (changed by the test as it goes)."""
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body["text"].encode())
+
+        def log_message(self, *args):
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
 
 
 def test_restarts_with_bounded_backoff_then_gives_up():
@@ -66,21 +100,11 @@ def test_stop_ends_a_running_server():
     assert not runner.is_alive() and sup.proc.poll() is not None and sup.restarts == 0
 
 
-def test_a_dead_engine_gauge_restarts_the_server():
-    alive = {"value": 1}
-
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = f'llm_engine_alive{{model="llm",version="1"}} {alive["value"]}\n'.encode()
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = HTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+@pytest.mark.parametrize("death", ["gauge at 0", "gauge gone"])
+def test_a_dead_engine_restarts_the_server(death):
+    alive = 'llm_engine_alive{model="llm",version="1"} 1\n'
+    body = {"text": alive}
+    httpd = serve_metrics(body)
     log = io.StringIO()
     sup = Supervisor(
         lambda: python("import time; time.sleep(60)"),
@@ -93,20 +117,73 @@ def test_a_dead_engine_gauge_restarts_the_server():
     runner = threading.Thread(target=sup.run)
     runner.start()
     try:
-        time.sleep(0.3)
-        assert sup.restarts == 0  # alive: left alone
+        wait_until(lambda: sup.checks >= 3, "three health checks")
+        assert sup.restarts == 0  # alive for three checks: left alone
         first = sup.proc
-        alive["value"] = 0
-        deadline = time.monotonic() + 10
-        while sup.restarts == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        alive["value"] = 1
-        assert sup.restarts >= 1 and first.poll() is not None
+        body["text"] = 'llm_engine_alive{model="llm",version="1"} 0\n' if death == "gauge at 0" else "# nothing\n"
+        wait_until(lambda: sup.restarts >= 1, "a restart")
+        body["text"] = alive
+        assert first.poll() is not None
         assert 'engine thread died (model="llm",version="1")' in log.getvalue()
     finally:
         sup.stop()
         runner.join(10)
         httpd.shutdown()
+
+
+def test_a_server_that_fails_before_it_is_ready_is_not_restarted():
+    """A model's configuration error: the server exits while loading, its ready URL never answered 200."""
+    log = io.StringIO()
+    starts = []
+
+    def start():
+        starts.append(python("import sys; sys.exit(1)"))
+        return starts[-1]
+
+    httpd = serve_metrics({"text": ""})  # answers 200, but at another URL than the ready one
+    sup = Supervisor(
+        start,
+        stop,
+        health_interval_s=0.05,
+        ready_url=f"http://127.0.0.1:{free_port()}/v2/health/ready",
+        describe=lambda proc: "failed to load 'llm': ConfigError: parameter 'model'",
+        log=log,
+    )
+    try:
+        assert sup.run() == 1
+    finally:
+        httpd.shutdown()
+    assert len(starts) == 1 and sup.restarts == 0
+    text = log.getvalue()
+    assert "before it was ready: it failed to start, and would again, so it is not restarted" in text, text
+    assert "ConfigError: parameter 'model'" in text and "restarting in" not in text
+
+
+def test_a_server_that_was_ready_is_restarted_when_it_exits():
+    body = {"text": "ok"}
+    httpd = serve_metrics(body)
+    log = io.StringIO()
+    starts = []
+
+    def start():
+        starts.append(python("import time; time.sleep(0.5)"))  # serves a moment, then exits
+        return starts[-1]
+
+    sup = Supervisor(
+        start,
+        stop,
+        health_interval_s=0.05,
+        backoff_initial_s=0.01,
+        ready_url=f"http://127.0.0.1:{httpd.server_port}/",
+        max_restarts=1,
+        log=log,
+    )
+    try:
+        assert sup.run() == 1  # gave up after one restart: max_restarts
+    finally:
+        httpd.shutdown()
+    assert len(starts) == 2 and sup.restarts == 1
+    assert "exited unexpectedly (exit code 0) (consecutive failure 1)" in log.getvalue()
 
 
 def test_a_lost_stub_process_restarts_the_server():
@@ -135,7 +212,8 @@ def test_a_lost_stub_process_restarts_the_server():
         first = sup.proc
         ((stub_pid, name),) = stub_processes(first.pid).items()
         assert name == "llm_0_0"
-        time.sleep(0.2)  # the supervisor has seen it
+        seen = sup.checks
+        wait_until(lambda: sup.checks >= seen + 2, "the supervisor to have seen the stub")
         os.kill(stub_pid, signal.SIGKILL)
         while sup.restarts == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -163,3 +241,26 @@ def test_an_unexpected_exit_is_cleaned_up():
     sup = Supervisor(start, record_stop, backoff_initial_s=0.01, max_restarts=1, log=io.StringIO())
     assert sup.run() == 3
     assert stopped == [p.pid for p in procs] and len(procs) == 2
+
+
+def test_a_server_killed_by_a_signal_before_it_is_ready_is_restarted():
+    """A crash (SIGSEGV) while loading, or right after the server got ready, is not a configuration error."""
+    log = io.StringIO()
+    starts = []
+
+    def start():
+        starts.append(python("import os; os.kill(os.getpid(), 11)"))
+        return starts[-1]
+
+    sup = Supervisor(
+        start,
+        stop,
+        health_interval_s=0.05,
+        backoff_initial_s=0.01,
+        ready_url=f"http://127.0.0.1:{free_port()}/v2/health/ready",
+        max_restarts=1,
+        log=log,
+    )
+    assert sup.run() == -11
+    assert len(starts) == 2 and sup.restarts == 1
+    assert "failed to start" not in log.getvalue()

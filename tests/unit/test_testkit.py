@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launcher.paths import REPO_ROOT
 from testkit import prometheus
 from testkit.concurrency import raise_first_error, run_concurrently
 from testkit.fidelity import first_difference, first_mismatch, judge, summarize
 from testkit.stats import percentile
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------------------------ percentile
 

@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import SMOL_DIR
 
 from frontend.tokenizer import ModelTokenizer
+from launcher.paths import MODEL_DIR as SMOL_DIR
 
 transformers = pytest.importorskip("transformers")
 

@@ -26,6 +26,7 @@ from backend.serving.request_inputs import parse_request
 from backend.serving.response_tensors import TokenTexts, response_arrays
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_log = logging.getLogger("backend.triton_model")
 
 
 class _TritonLogHandler(logging.Handler):
@@ -45,17 +46,43 @@ class TritonPythonModel:
         logging.getLogger("backend").setLevel(logging.INFO)
         parameters = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         config = EngineConfig.from_parameters(parameters, base_dir=Path(args["model_repository"]))
+        self.model_name = args["model_name"]
         self.engine = LLMEngine(config)
-        # Triton metric updates are round trips to the server: published from their own thread every 100 ms
+        # Triton metric updates are round trips to the server: published from their own thread every 100 ms.
+        # That thread starts with the first request, after `initialize` has returned: until then every round
+        # trip is made here, on this thread, one at a time (docs/engine.md, "Start and stop").
         self.metrics_publisher = PeriodicPublisher(
-            TritonMetricsSink(pb_utils, {"model": args["model_name"], "version": args["model_version"]})
+            TritonMetricsSink(pb_utils, {"model": self.model_name, "version": args["model_version"]})
         )
         self.engine.metrics.add_sink(self.metrics_publisher)
         self.metrics_publisher.publish()  # the gauges (llm_engine_alive 1 among them) are right once READY
-        self.loop = EngineLoop(self.engine).start()
+        self.loop = EngineLoop(self.engine, on_death=self._stop_reporting_ready).start()
         self.token_texts = TokenTexts(self.engine.tokenizer)  # decoded_token of the logprobs output
 
+    def _stop_reporting_ready(self, failure: str) -> None:
+        """The engine thread died (every request in flight has its error): unload the model, so that its ready
+        endpoint and the server's say not ready at once. Triton 2.51 offers no other way for a model to do so;
+        the unload needs --model-control-mode=explicit (the launcher's)."""
+        self.engine.watchers.close()  # batch-view streams end: an unload waits for every request in flight
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as exc:  # noqa: BLE001 - e.g. a server without explicit model control
+            _log.error(
+                "model %s: the engine died and the model could not unload itself (%s): it stays READY while "
+                "refusing every request; start tritonserver with --model-control-mode=explicit --load-model=* "
+                "(as llm-serve does) so that readiness follows the engine",
+                self.model_name,
+                exc,
+            )
+            return
+        _log.error(
+            "model %s: the engine died (%s); unloading the model, so that it reports not ready",
+            self.model_name,
+            failure,
+        )
+
     def execute(self, requests):
+        self.metrics_publisher.start()  # idempotent; `initialize` has returned by now
         for request in requests:
             sender = request.get_response_sender()
             if is_watch_request(request.parameters()):
@@ -114,6 +141,7 @@ class TritonPythonModel:
         self.loop.shutdown()
         self.metrics_publisher.close()
         self.engine.metrics.sinks.clear()
+        self.metrics_publisher.sink.close()  # an unloaded model leaves no metrics behind
 
 
 class _ResponseWriter:

@@ -1,0 +1,67 @@
+"""The integration suite's model repository: every variant of `model_repository/llm` its one server loads
+(model name -> engine parameters that differ from config.pbtxt), and the models its front door serves. Shared by
+tests/integration/conftest.py and the start-stress check (loadtest/start_stress.py), so both start the same
+repository."""
+
+from __future__ import annotations
+
+# Every variant the session's server loads: model name -> engine parameters that differ from
+# model_repository/llm/config.pbtxt (string values, as in config.pbtxt). `model` is always set to the
+# absolute path of models/smollm2-135m-instruct unless a variant sets it.
+# float32 variants are held to token-for-token equality with Hugging Face's float32 `generate`.
+# Dense fp32 without speculation: the reference configuration every feature test holds token for token to
+# transformers (the default repository's own settings, GGUF blocks and adaptive n-gram speculation, are
+# `llm_default`'s, held to the rule of what it picks on the machine).
+_FP32 = {"dtype": "float32", "quantization": "none", "draft_model": "", "num_speculative_tokens": "0"}
+_FIXED_K = {"spec_adaptive": "false"}  # the speculative variants verify a fixed k every step
+VARIANTS: dict[str, dict[str, str]] = {
+    # Default-like, but a small token budget so that prompts longer than 64 tokens are prefilled in chunks.
+    "llm": {**_FP32, "max_num_batched_tokens": "64", "max_num_seqs": "32"},
+    # 40 blocks x 16 tokens = 640 tokens of KV: 24 concurrent requests must preempt.
+    "llm_small_kv": {**_FP32, "kv_cache_blocks": "40", "block_size": "16", "max_num_seqs": "32"},
+    # Two running sequences and at most four waiting requests: a flood is partly refused.
+    "llm_small_queue": {**_FP32, "max_queue_size": "4", "max_num_seqs": "2"},
+    # The `llm` settings without a prefix cache: the cold-cache baseline for prefix-caching tests.
+    "llm_no_prefix_cache": {**_FP32, "max_num_batched_tokens": "64", "enable_prefix_caching": "false"},
+    # Speculative decoding: the target's weights in bf16 as the draft, n-gram drafts, and a draft identical
+    # to the target. A large spec_max_batch_size keeps speculation on under load.
+    "llm_spec_draft": {
+        **_FP32,
+        **_FIXED_K,
+        "max_num_batched_tokens": "64",
+        "draft_model": "self",
+        "draft_dtype": "bfloat16",
+        "num_speculative_tokens": "3",
+        "spec_max_batch_size": "32",
+    },
+    "llm_spec_ngram": {
+        **_FP32,
+        **_FIXED_K,
+        "max_num_batched_tokens": "64",
+        "draft_model": "ngram",
+        "num_speculative_tokens": "3",
+        "spec_max_batch_size": "32",
+    },
+    "llm_spec_same": {
+        **_FP32,
+        **_FIXED_K,
+        "draft_model": "self",
+        "draft_dtype": "float32",
+        "num_speculative_tokens": "4",
+    },
+    # The default model repository as shipped (quantization auto: the GGUF blocks where our kernel runs;
+    # adaptive n-gram speculation), with a small token budget (chunked prefill) and speculation kept on for
+    # the whole concurrent set: held to the rule of what `auto` picks here (test_default_fidelity.py).
+    "llm_default": {"max_num_batched_tokens": "64", "spec_max_batch_size": "32"},
+    # Test-only faults (test_engine_faults.py): a step holding a request whose prompt carries the step marker
+    # raises; one carrying the death marker kills the engine thread. One sequence per step: the others wait.
+    "llm_faults": {
+        **_FP32,
+        "max_num_seqs": "1",
+        "kv_cache_blocks": "64",
+        "fault_injection": "step_error:<<FAIL THIS STEP>>,engine_death:<<KILL THE ENGINE>>",
+    },
+}
+
+# Triton models the session's front door serves (the first is the one its batch view shows).
+FRONTEND_MODELS = ("llm", "llm_small_queue", "llm_default")
