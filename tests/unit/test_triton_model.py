@@ -138,6 +138,7 @@ def triton_model(monkeypatch, tiny_llama):
     spec = importlib.util.spec_from_file_location("llm_triton_model_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "exit_stub_process", lambda: pb.trip("exit"))  # not the test process
     parameters = {
         "model": tiny_llama,
         "dtype": "float32",
@@ -186,6 +187,7 @@ def test_initialize_makes_every_round_trip_on_its_own_thread_and_starts_no_publi
     finally:
         model.finalize()
     assert not model.metrics_publisher.running
+    assert pb.trips[-1] == ("exit", caller), "finalize did not end the stub process last"
 
 
 def test_a_dead_engine_unloads_its_model_after_answering_the_requests_in_flight(triton_model):
