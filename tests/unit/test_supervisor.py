@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -21,6 +22,17 @@ from launcher.supervisor import Supervisor, dead_engines, describe_exit, engine_
 
 def python(code: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code])
+
+
+def recorded(code: str) -> tuple[list[subprocess.Popen], Callable[[], subprocess.Popen]]:
+    """A start function that runs `python -c code`, and the list of the processes it has started."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        procs.append(python(code))
+        return procs[-1]
+
+    return procs, start
 
 
 def stop(proc: subprocess.Popen) -> int:
@@ -131,43 +143,43 @@ def test_a_dead_engine_restarts_the_server(death):
         httpd.shutdown()
 
 
-def test_a_server_that_fails_before_it_is_ready_is_not_restarted():
-    """A model's configuration error: the server exits while loading, its ready URL never answered 200."""
+@pytest.mark.parametrize(
+    "code, restarted",
+    [("import sys; sys.exit(1)", False), ("import os; os.kill(os.getpid(), 11)", True)],
+    ids=["exits-with-an-error", "killed-by-a-signal"],
+)
+def test_a_server_that_ends_before_it_is_ready(code, restarted):
+    """Exiting with an error by itself before its ready URL ever answered is a start that failed (a model's
+    configuration error): not restarted, the model's message logged. Killed by a signal (a crash while loading,
+    or right after it got ready) is a crash: restarted."""
     log = io.StringIO()
-    starts = []
-
-    def start():
-        starts.append(python("import sys; sys.exit(1)"))
-        return starts[-1]
-
-    httpd = serve_metrics({"text": ""})  # answers 200, but at another URL than the ready one
+    starts, start = recorded(code)
     sup = Supervisor(
         start,
         stop,
         health_interval_s=0.05,
+        backoff_initial_s=0.01,
         ready_url=f"http://127.0.0.1:{free_port()}/v2/health/ready",
+        max_restarts=1,
         describe=lambda proc: "failed to load 'llm': ConfigError: parameter 'model'",
         log=log,
     )
-    try:
-        assert sup.run() == 1
-    finally:
-        httpd.shutdown()
-    assert len(starts) == 1 and sup.restarts == 0
+    code_returned = sup.run()
     text = log.getvalue()
-    assert "before it was ready: it failed to start, and would again, so it is not restarted" in text, text
-    assert "ConfigError: parameter 'model'" in text and "restarting in" not in text
+    if restarted:
+        assert code_returned == -11 and len(starts) == 2 and sup.restarts == 1
+        assert "failed to start" not in text
+    else:
+        assert code_returned == 1 and len(starts) == 1 and sup.restarts == 0
+        assert "before it was ready: it failed to start, and would again, so it is not restarted" in text, text
+        assert "ConfigError: parameter 'model'" in text and "restarting in" not in text
 
 
 def test_a_server_that_was_ready_is_restarted_when_it_exits():
     body = {"text": "ok"}
     httpd = serve_metrics(body)
     log = io.StringIO()
-    starts = []
-
-    def start():
-        starts.append(python("import time; time.sleep(0.5)"))  # serves a moment, then exits
-        return starts[-1]
+    starts, start = recorded("import time; time.sleep(0.5)")  # serves a moment, then exits
 
     sup = Supervisor(
         start,
@@ -232,35 +244,8 @@ def test_an_unexpected_exit_is_cleaned_up():
         stopped.append(proc.pid)
         return stop(proc)
 
-    procs = []
-
-    def start():
-        procs.append(python("import sys; sys.exit(3)"))
-        return procs[-1]
+    procs, start = recorded("import sys; sys.exit(3)")
 
     sup = Supervisor(start, record_stop, backoff_initial_s=0.01, max_restarts=1, log=io.StringIO())
     assert sup.run() == 3
     assert stopped == [p.pid for p in procs] and len(procs) == 2
-
-
-def test_a_server_killed_by_a_signal_before_it_is_ready_is_restarted():
-    """A crash (SIGSEGV) while loading, or right after the server got ready, is not a configuration error."""
-    log = io.StringIO()
-    starts = []
-
-    def start():
-        starts.append(python("import os; os.kill(os.getpid(), 11)"))
-        return starts[-1]
-
-    sup = Supervisor(
-        start,
-        stop,
-        health_interval_s=0.05,
-        backoff_initial_s=0.01,
-        ready_url=f"http://127.0.0.1:{free_port()}/v2/health/ready",
-        max_restarts=1,
-        log=log,
-    )
-    assert sup.run() == -11
-    assert len(starts) == 2 and sup.restarts == 1
-    assert "failed to start" not in log.getvalue()
