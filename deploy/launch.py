@@ -10,7 +10,7 @@ relative `model` path made absolute, since it was relative to the original folde
 the original. Without any LLM_PARAM_ variable the repository is served as it is.
 
 Every other argument goes to llm-serve, which replaces this process (exec): the container's SIGTERM
-reaches llm-serve, which stops the front door first (it finishes its streams) and then tritonserver.
+reaches llm-serve, which stops the front door and tritonserver together (each finishes its streams first).
 
     python -m deploy.launch --openai-host=0.0.0.0 [llm-serve options]
 
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 
 from launcher.model_config import set_parameter, with_absolute_model
+from launcher.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "LLM_PARAM_"
 
 
