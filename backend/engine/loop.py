@@ -33,8 +33,8 @@ SHUTTING_DOWN = ErrorText("the server is shutting down", UNAVAILABLE)
 
 
 class EngineLoop:
-    """`on_death`, if given, is called once from the dying engine thread after every request in flight has been
-    answered (the Triton model uses it to stop reporting READY)."""
+    """`on_death`, if given, is called once from the dying engine thread after every request in flight has had its
+    error queued for the output sender (the Triton model uses it to stop reporting READY)."""
 
     def __init__(self, engine: LLMEngine, on_death: Callable[[ErrorText], None] | None = None):
         self.engine = engine

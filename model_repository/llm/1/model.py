@@ -62,9 +62,9 @@ class TritonPythonModel:
         self.token_texts = TokenTexts(self.engine.tokenizer)  # decoded_token of the logprobs output
 
     def _stop_reporting_ready(self, failure: str) -> None:
-        """The engine thread died (every request in flight has its error): unload the model, so that its ready
-        endpoint and the server's say not ready at once. Triton 2.51 offers no other way for a model to do so;
-        the unload needs --model-control-mode=explicit (the launcher's)."""
+        """The engine thread died (every request in flight has its error queued for sending): unload the model, so
+        that its ready endpoint says not ready at once (and the server's, while it unloads). Triton 2.51 offers
+        no other way for a model to do so; the unload needs --model-control-mode=explicit (the launcher's)."""
         self.engine.watchers.close()  # batch-view streams end: an unload waits for every request in flight
         try:
             pb_utils.unload_model(self.model_name)
