@@ -14,6 +14,9 @@
 #   make browser  Debian's chromium for the web page's browser test, when missing and apt-get can run
 #   make serve-replicas  N=2 replicas behind Debian's HAProxy on OPENAI_PORT (llm-serve-replicas)
 #   make deploy-check    render, validate and lint deploy/ (Kubernetes manifests; also part of make test)
+#   make llama-cpp       llama.cpp's llama-bench and llama-server for the benchmark's section 6, built for this CPU
+#                 from the hash-pinned llama-cpp-python sdist into .cache/llama.cpp/bin (about 8 minutes on 2 cores)
+#   make bench    the benchmark report (llm-bench $(BENCH_ARGS)) into benchmarks/results, llama.cpp included
 #   make clean    remove .venv, .triton and .cache (keeps models/);  make clean-all also removes models/
 #
 # Every target is idempotent: finished work is skipped (stamp files / existing outputs).
@@ -158,6 +161,17 @@ failover: venv model triton kernels weights haproxy
 # The Kubernetes manifests under deploy/ (kubectl, yamllint and kubernetes-validate come with the venv).
 deploy-check: venv
 	$(VENV_PY) -m deploy.check
+
+# The benchmark's peer (benchmarks/llama_cpp_build.py): needs cmake and a C++ compiler, installed where missing.
+.PHONY: llama-cpp bench
+BENCH_ARGS ?=
+llama-cpp: venv
+	@command -v cmake >/dev/null || { $(call apt-install,cmake,make llama-cpp); }
+	@command -v c++ >/dev/null || { $(call apt-install,g++,make llama-cpp); }
+	$(VENV_PY) -m benchmarks.llama_cpp_build
+
+bench: venv model triton kernels weights llama-cpp
+	$(VENV)/bin/llm-bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TRITON_DIR) .cache .pytest_cache

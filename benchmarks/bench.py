@@ -50,6 +50,7 @@ import torch
 from benchmarks import (
     decode_profile,
     kernels_threads,
+    llama_cpp_build,
     load_curve,
     roofline,
     seed_workload,
@@ -58,14 +59,12 @@ from benchmarks import (
     vs_llama_cpp,
     vs_transformers,
 )
-from benchmarks.common import DEFAULT_MODEL
 from benchmarks.harness import (
     BF16_INT4_MODEL,
     DECODE_PROFILE,
     FP32_MODEL,
     GOALS,
     MAIN_MODEL,
-    REPO_ROOT,
     SEED_MODEL,
     THREADS_MODELS,
     Bench,
@@ -75,6 +74,7 @@ from benchmarks.harness import (
 from benchmarks.machine import machine_info
 from benchmarks.report import write_report
 from benchmarks.server import Server
+from launcher.paths import MODEL_DIR, REPO_ROOT
 
 SECTIONS = {
     1: seed_workload,
@@ -107,15 +107,15 @@ def parse_args(argv: list[str] | None):
         "--threads",
         type=int,
         default=0,
-        help="torch threads for every path (default: each at its own best: our engine its serving "
-        "default, every core but one; Hugging Face and llama.cpp every core)",
+        help="torch threads for every path (default: every core for each: our engine's serving default, "
+        "Hugging Face and llama.cpp)",
     )
-    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--model", default=str(MODEL_DIR))
     ap.add_argument(
         "--llama-cpp-dir",
-        default=os.environ.get("LLAMA_CPP_DIR", ""),
-        help="section 6: the folder of llama-bench and llama-server (default: $LLAMA_CPP_DIR; "
-        "without it section 6 is skipped)",
+        default=llama_cpp_build.default_bin_dir(),
+        help="section 6: the folder of llama-bench and llama-server (default: $LLAMA_CPP_DIR, else what "
+        "`make llama-cpp` built in .cache/llama.cpp/bin; without them section 6 is skipped and says why)",
     )
     ap.add_argument(
         "--gguf",

@@ -73,7 +73,7 @@ def run(bench: Bench) -> list[str]:
     thread_lines, thread_data = served_rows(
         bench,
         {
-            "default (every core for one sequence, else all but one)": MAIN_MODEL,
+            "default (every core)": MAIN_MODEL,
             **{f"{n} thread(s)": v for n, v in THREADS_MODELS.items()},
         },
     )
@@ -96,8 +96,7 @@ def run(bench: Bench) -> list[str]:
         "",
         *served_lines,
         "",
-        "The served configuration with its default threads (`num_threads: 0`: every core for a step of one "
-        "sequence, every core but one for larger steps, leaving a core to Triton's own threads; "
+        "The served configuration with its default threads (`num_threads: 0`: every core for every step; "
         "backend/model/hardware.py `serving_threads`) and fixed at 1 and 2 torch threads, same workload.",
         "",
         *thread_lines,

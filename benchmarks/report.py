@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import SEED_SPEEDUP
-from benchmarks.harness import GOALS, REPO_ROOT, SUMMARY_ORDER, Bench, engine_parameters, resolved_dtype
+from benchmarks.harness import GOALS, SUMMARY_ORDER, Bench, engine_parameters, resolved_dtype
+from launcher.paths import REPO_ROOT
 
 
 def summary(bench: Bench, info: dict, errors: dict[int, str]) -> list[str]:
@@ -127,7 +128,7 @@ NOTES = [
 ]
 
 
-DEFAULT_THREADS = "0 (its default: every core for a step of one sequence, every core but one for larger steps)"
+DEFAULT_THREADS = "0 (its default: every core, every step)"
 
 
 def write_report(

@@ -22,13 +22,13 @@ import time
 
 from backend import EngineConfig, LLMEngine
 from benchmarks.common import (
-    DEFAULT_MODEL,
     PROMPTS,
     machine_description,
     median,
     run_engine_requests,
 )
 from launcher.model_config import read_parameters
+from launcher.paths import MODEL_DIR
 
 TITLE = "Speculative decoding: input-grounded output and open chat"
 
@@ -193,7 +193,7 @@ def run(bench) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(MODEL_DIR))
     parser.add_argument("--dtype", default="", help="default: the served configuration's")
     parser.add_argument("--quantization", default="", help="default: the served configuration's")
     parser.add_argument("--draft", default="ngram", help="ngram, self, or a model folder")

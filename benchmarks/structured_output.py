@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from backend import EngineConfig, LLMEngine, SamplingParams
-from benchmarks.common import DEFAULT_MODEL, PROMPTS, machine_description, run_engine
+from benchmarks.common import PROMPTS, machine_description, run_engine
+from launcher.paths import MODEL_DIR
 
 RESULTS = Path(__file__).resolve().parent / "results" / "structured_output.md"
 SCHEMA = {
@@ -63,7 +64,7 @@ class MaskTimer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--model", default=str(MODEL_DIR))
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="int4")
     parser.add_argument("--max-tokens", type=int, default=64)

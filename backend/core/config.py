@@ -51,7 +51,7 @@ class EngineConfig:
     max_n: int = 8
     max_prompt_bytes: int = 0  # prompts longer (UTF-8 bytes) are refused before tokenizing; 0: 16 x max_model_len
     log_batch_visualization: bool = False
-    num_threads: int = 0  # torch intra-op threads; 0: every core but one (hardware.serving_threads)
+    num_threads: int = 0  # torch intra-op threads; 0: every core (hardware.serving_threads)
     seed: int = 0
     fault_injection: str = ""  # test only: see fault_injection.py
 

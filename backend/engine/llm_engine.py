@@ -45,10 +45,13 @@ class LLMEngine:
         dtype, quantization = resolve_weights(config, config.model, config.dtype, config.quantization)
         config = self.config = dataclasses.replace(config, dtype=dtype, quantization=quantization)
         self.metrics = metrics or EngineMetrics()
-        # torch threads for a step of one sequence and for a larger one (num_threads: 0 picks by measurement)
-        self.threads = (config.num_threads,) * 2 if config.num_threads else (serving_threads(True), serving_threads())
-        torch.set_num_threads(self.threads[1])
-        log.info("torch threads: %d for a step of one sequence, %d for larger steps", *self.threads)
+        self.threads = config.num_threads or serving_threads()
+        torch.set_num_threads(self.threads)
+        log.info(
+            "torch threads: %d for every step (%s)",
+            self.threads,
+            "num_threads in the configuration" if config.num_threads else "every core this process may use",
+        )
         shape = ModelRunner.read_shape(config.model)
         self.max_model_len = min(config.max_model_len or shape.max_model_len, shape.max_model_len)
         self.max_prompt_bytes = config.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_model_len
@@ -239,9 +242,8 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> None:
-        threads = self.threads[0] if len(sched.scheduled) == 1 else self.threads[1]
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
+        if torch.get_num_threads() != self.threads:  # per process: others in it may change it
+            torch.set_num_threads(self.threads)
         copies = self.block_manager.take_pending_copies()
         self.runner.copy_blocks(copies)
         if self.spec is not None:

@@ -95,17 +95,15 @@ def resolve_weights(
     return dtype, quantization, f"set in the configuration; dtype {why}"
 
 
-def serving_threads(single_sequence: bool = False) -> int:
-    """torch intra-op threads for `num_threads: 0`. A step of several sequences gets every core but one: the
-    server's own threads (HTTP/gRPC, response sending, metrics) need a core, and when they take one from torch's
-    workers each op waits for the preempted worker (through Triton on 2 cores, 2 threads measured 0.87x / 0.91x
-    of one at 8 / 32 streams). A step of one sequence is short enough that every core pays (1.10x at 1
-    stream): docs/benchmarks.md, section 7."""
+def serving_threads() -> int:
+    """torch intra-op threads for `num_threads: 0`: every core this process may use, for every step. Leaving a core
+    to the server's own threads (HTTP/gRPC, response sending, metrics) was measured once as the better default;
+    since our kernels release the GIL those threads run beside a step instead of between its ops, and two threads
+    were as fast as one at 8 streams and faster at 32 (docs/benchmarks.md, section 7)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return cores if single_sequence else max(1, cores - 1)
+        return os.cpu_count() or 1
 
 
 def resolve_for_model(model_dir: str, dtype: str, quantization: str, device: str) -> tuple[str, str, str, int]:

@@ -58,11 +58,11 @@ def test_fp32_kinds_refuse_a_bf16_dtype():
         resolve_weights("bfloat16", "gguf", "cpu", True, 1, AVX512_BF16)
 
 
-def test_serving_threads_leave_a_core_to_the_server_except_for_one_sequence():
+def test_serving_threads_are_every_core_this_process_may_use(monkeypatch):
     import os
 
     from backend.model.hardware import serving_threads
 
-    cores = len(os.sched_getaffinity(0))
-    assert serving_threads(single_sequence=True) == cores
-    assert serving_threads() == max(1, cores - 1)
+    assert serving_threads() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
+    assert serving_threads() == 3

@@ -1,0 +1,136 @@
+"""llama.cpp for section 6, built the same way on every machine: `make llama-cpp` (or `python -m
+benchmarks.llama_cpp_build`).
+
+llama-bench and llama-server come from the llama.cpp source that the hash-pinned llama-cpp-python sdist vendors
+(0.3.36: llama.cpp commit 0c1e570), built with cmake for the CPU it runs on (`-DGGML_NATIVE=ON`: the peer at its
+best; statically linked, so the two programs need nothing beside them) into `.cache/llama.cpp/bin`, with the CPU
+flags they were built for. `llm-bench` finds them there (`default_bin_dir`); a build for another CPU is not used,
+and `make llama-cpp` rebuilds it. About 8 minutes on 2 cores; needs cmake and a C++ compiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from launcher.paths import REPO_ROOT
+
+VERSION = "0.3.36"
+SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+PROGRAMS = ("llama-bench", "llama-server")
+FLAGS_FILE = "cpu-flags.txt"
+
+
+def cache_dir() -> Path:
+    """`LLAMA_CPP_CACHE`, else `.cache/llama.cpp` in the checkout."""
+    return Path(os.environ.get("LLAMA_CPP_CACHE") or REPO_ROOT / ".cache" / "llama.cpp")
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags (/proc/cpuinfo), which a native build depends on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def built_for_this_cpu(bin_dir: Path) -> str:
+    """'' where `bin_dir` holds both programs (and, for this build's own folder, was built for this CPU), else
+    why not."""
+    missing = [p for p in PROGRAMS if not (bin_dir / p).is_file()]
+    if missing:
+        return f"{', '.join(missing)} not found in {bin_dir} (make llama-cpp builds them)"
+    flags = bin_dir / FLAGS_FILE
+    if bin_dir.resolve() != (cache_dir() / "bin").resolve():
+        return ""  # a folder of the user's own: theirs to keep current
+    if not flags.is_file() or flags.read_text().strip() != cpu_flags():
+        return f"the llama.cpp in {bin_dir} was built for another CPU (make llama-cpp rebuilds it)"
+    return ""
+
+
+def default_bin_dir() -> str:
+    """Section 6's llama.cpp: `LLAMA_CPP_DIR` if set, else this build's folder."""
+    return os.environ.get("LLAMA_CPP_DIR") or str(cache_dir() / "bin")
+
+
+def sdist(cache: Path) -> Path:
+    """The llama-cpp-python sdist, downloaded once (pip, so the machine's index settings apply) and checked."""
+    name = f"llama_cpp_python-{VERSION}.tar.gz"
+    path = cache / "dl" / name
+    if not path.is_file() or _sha256(path) != SHA256:
+        pins = cache / "requirements.txt"
+        pins.parent.mkdir(parents=True, exist_ok=True)
+        pins.write_text(f"llama-cpp-python=={VERSION} --hash=sha256:{SHA256}\n")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
+            + ["--require-hashes", "-r", str(pins), "-d", str(path.parent)],
+            check=True,
+        )
+    if _sha256(path) != SHA256:
+        raise SystemExit(f"{path}: sha256 {_sha256(path)}, expected {SHA256}")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build(jobs: int, force: bool = False) -> Path:
+    cache = cache_dir()
+    bin_dir = cache / "bin"
+    if not force and not built_for_this_cpu(bin_dir):
+        print(f"llama.cpp is built for this CPU in {bin_dir}")
+        return bin_dir
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"error: {tool} not found (Debian: apt-get install cmake g++)")
+    archive = sdist(cache)
+    src = cache / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(src, filter="data")
+    source = src / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    build_dir = cache / "build"
+    shutil.rmtree(build_dir, ignore_errors=True)
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(
+        ["cmake", "-S", str(source), "-B", str(build_dir), *generator, "-DCMAKE_BUILD_TYPE=Release"]
+        + ["-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF"],
+        check=True,
+    )
+    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *PROGRAMS], check=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for program in PROGRAMS:
+        shutil.copy2(build_dir / "bin" / program, bin_dir / program)
+    (bin_dir / FLAGS_FILE).write_text(cpu_flags() + "\n")
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.rmtree(build_dir, ignore_errors=True)
+    print(f"llama.cpp (llama-cpp-python {VERSION}) built for this CPU in {bin_dir}")
+    return bin_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="parallel compile jobs")
+    ap.add_argument("--force", action="store_true", help="rebuild even where a build for this CPU is there")
+    args = ap.parse_args(argv)
+    build(args.jobs, args.force)
+
+
+if __name__ == "__main__":
+    main()

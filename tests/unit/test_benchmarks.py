@@ -1,0 +1,175 @@
+"""The benchmark and load-test programs: every module imports (a stale import breaks `llm-bench` long before
+anyone runs it), and section 6 (llama.cpp) runs its whole code path, from finding the binaries to stopping
+llama-server, against a fake llama.cpp folder whose programs answer as llama-bench and llama-server do."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from benchmarks import llama_cpp_build, vs_llama_cpp
+from benchmarks.common import LoadResult
+from benchmarks.harness import MAIN_MODEL, Bench, make_settings
+
+FAKE_DECODE_TOK_S = 100.0
+
+FAKE_LLAMA_BENCH = f"""
+import json
+test = {{"avg_ts": {FAKE_DECODE_TOK_S}, "stddev_ts": 1.5, "build_commit": "fake0", "model_type": "llama ?B"}}
+print(json.dumps([test]))
+"""
+
+# llama-server's streaming /completion: one event per token (`tokens` with return_tokens), then a final event
+# with `stop` true and no token; /health answers 200 once loaded.
+FAKE_LLAMA_SERVER = """
+import argparse, json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int)
+args, _ = ap.parse_known_args()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        events = [{"content": "x", "tokens": [7], "stop": False}] * body["n_predict"] + [{"content": "", "stop": True}]
+        payload = "".join(f"data: {json.dumps(e)}\\n\\n" for e in events).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+try:
+    ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
+except KeyboardInterrupt:  # the benchmark stops it with SIGINT
+    pass
+"""
+
+
+IMPORT_ALL = """
+import importlib, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    importlib.import_module(module.name)
+"""
+
+
+@pytest.mark.parametrize("package", ["benchmarks", "loadtest"])
+def test_every_module_imports(package):
+    """In a fresh interpreter: locust (loadtest) monkey-patches threading with gevent for the whole process."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_ALL, package], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+class FakeTriton:
+    """Our side of section 6 (the server is the integration suite's business): every request of `tokens`
+    output tokens, 0.5 s each, one stream at a time."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, int, int]] = []
+
+    def run(self, model: str, requests: list[tuple[str, int]], concurrency: int) -> LoadResult:
+        self.calls.append((model, len(requests), concurrency))
+        n = len(requests)
+        return LoadResult(
+            wall_s=0.5 * n / concurrency,
+            output_tokens=sum(m for _, m in requests),
+            num_requests=n,
+            ttft_s=[0.05] * n,
+            itl_s=[0.01] * n,
+            e2e_s=[0.5] * n,
+        )
+
+
+def fake_llama_cpp(folder: Path) -> Path:
+    for name, source in (("llama-bench", FAKE_LLAMA_BENCH), ("llama-server", FAKE_LLAMA_SERVER)):
+        program = folder / name
+        program.write_text(f"#!{sys.executable}\n" + textwrap.dedent(source))
+        program.chmod(0o755)
+    return folder
+
+
+def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    args = argparse.Namespace(
+        quick=True,
+        threads=1,
+        engine_threads=0,
+        peer_threads=2,
+        model=str(tmp_path),
+        llama_cpp_dir=str(fake_llama_cpp(tmp_path)),
+        gguf=str(gguf),
+    )
+    bench = Bench(args, make_settings(args), tmp_path)
+    bench.server = FakeTriton()
+
+    lines = vs_llama_cpp.run(bench)
+
+    section = bench.results["sections"]["6"]
+    assert section["llama_bench"]["tokens_per_s"] == FAKE_DECODE_TOK_S
+    assert section["llama_bench"]["command"].startswith("llama-bench -m model.gguf -t 2 ")
+    # ours: 16 tokens in 0.5 s, the first at 0.05 s -> 15 tokens over 0.45 s
+    assert section["ours_decode_tok_s"] == pytest.approx(15 / 0.45)
+    assert sorted(section["streams"]) == bench.s.concurrency
+    for row in section["streams"].values():
+        assert row["llama_server"]["output_tokens"] == row["ours"]["output_tokens"] > 0
+        assert row["ratio"] == pytest.approx(row["ours"]["tokens_per_s"] / row["llama_server"]["tokens_per_s"])
+    assert {model for model, _, _ in bench.server.calls} == {MAIN_MODEL}
+    assert [t["id"] for t in bench.results["targets"]] == ["P8", "P9"]
+    assert (tmp_path / "vs_llama_cpp.png").is_file()
+    assert any("llama-bench decode tok/s" in line for line in lines)
+    log = (tmp_path / "llama-server.log").read_text()
+    assert "Traceback" not in log, log
+
+
+def test_section_6_says_why_it_is_skipped(tmp_path):
+    args = argparse.Namespace(
+        quick=True, threads=1, engine_threads=0, peer_threads=2, model=str(tmp_path), llama_cpp_dir="", gguf=""
+    )
+    bench = Bench(args, make_settings(args), tmp_path)
+    lines = vs_llama_cpp.run(bench)
+    assert "no llama.cpp folder given" in lines[0]
+    assert bench.results["sections"]["6"] == {"skipped": "no llama.cpp folder given (--llama-cpp-dir or LLAMA_CPP_DIR)"}
+    assert json.dumps(bench.results)  # the report's JSON can hold it
+
+
+def test_a_llama_cpp_build_for_another_cpu_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_CPP_CACHE", str(tmp_path))
+    monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
+    bin_dir = Path(llama_cpp_build.default_bin_dir())
+    assert bin_dir == tmp_path / "bin"
+    assert "not found" in llama_cpp_build.built_for_this_cpu(bin_dir)
+    bin_dir.mkdir()
+    fake_llama_cpp(bin_dir)
+    assert "another CPU" in llama_cpp_build.built_for_this_cpu(bin_dir)  # no record of its CPU
+    (bin_dir / llama_cpp_build.FLAGS_FILE).write_text("fpu sse2\n")
+    assert "another CPU" in llama_cpp_build.built_for_this_cpu(bin_dir)
+    assert "another CPU" in vs_llama_cpp.LlamaCpp.find(str(bin_dir), str(bin_dir / "llama-bench"))
+    (bin_dir / llama_cpp_build.FLAGS_FILE).write_text(llama_cpp_build.cpu_flags() + "\n")
+    assert llama_cpp_build.built_for_this_cpu(bin_dir) == ""
+    # a folder of the user's own is used as it is
+    assert llama_cpp_build.built_for_this_cpu(fake_llama_cpp(tmp_path)) == ""
