@@ -116,61 +116,6 @@ void tile_avx2(const float* x, int64_t ldx, const uint8_t* tile, int64_t blocks,
   }
 }
 
-// De-quantizes a whole tile into w [K][16] fp32, for steps with many rows: each weight is then de-quantized
-// once per step instead of once per group of rows.
-template <int FORMAT>
-void dequant_avx2(const uint8_t* tile, int64_t blocks, float* w) {
-  const __m256i low4 = _mm256_set1_epi32(0xF);
-  for (int64_t b = 0; b < blocks; ++b, w += kBlock * kTile) {
-    const uint8_t* rec = tile + b * record_bytes(FORMAT);
-    const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)rec));
-    const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 16)));
-    if constexpr (FORMAT == Q4_1) {
-      const __m256 m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 32)));
-      const __m256 m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rec + 48)));
-      for (int j = 0; j < kBlock / 2; ++j) {
-        const __m128i v = _mm_loadu_si128((const __m128i*)(rec + 64 + 16 * j));
-        const __m256i lo = _mm256_cvtepu8_epi32(v);
-        const __m256i hi = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
-        float* wk = w + 2 * j * kTile;
-        _mm256_storeu_ps(wk, _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(lo, low4)), m0));
-        _mm256_storeu_ps(wk + 8, _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_and_si256(hi, low4)), m1));
-        _mm256_storeu_ps(wk + kTile, _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4)), m0));
-        _mm256_storeu_ps(wk + kTile + 8, _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4)), m1));
-      }
-    } else {
-      for (int k = 0; k < kBlock; ++k) {
-        const __m128i v = _mm_loadu_si128((const __m128i*)(rec + 32 + 16 * k));
-        _mm256_storeu_ps(w + k * kTile, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
-        _mm256_storeu_ps(w + k * kTile + 8,
-                         _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))));
-      }
-    }
-  }
-}
-
-// MR rows of x times a de-quantized tile w [K][16].
-template <int MR>
-void dense_avx2(const float* x, int64_t ldx, const float* w, int64_t in_features, float* out, int64_t ldo,
-                int valid) {
-  __m256 acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < in_features; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(w + k * kTile), w1 = _mm256_loadu_ps(w + k * kTile + 8);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
-      acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    alignas(32) float row[kTile];
-    _mm256_store_ps(row, acc[r][0]);
-    _mm256_store_ps(row + 8, acc[r][1]);
-    std::memcpy(out + r * ldo, row, valid * sizeof(float));
-  }
-}
-
 #pragma GCC pop_options
 
 // ---------------------------------------------------------------------------------------------------------
@@ -285,7 +230,6 @@ constexpr auto table(std::integer_sequence<int, R...>) {
 }
 template <int F> struct Avx2Tile { template <int MR> struct T { static constexpr TileFn fn = tile_avx2<MR, F>; }; };
 template <int F> struct Avx512Tile { template <int MR> struct T { static constexpr TileFn fn = tile_avx512<MR, F>; }; };
-template <int MR> struct Avx2Dense { static constexpr DenseFn fn = dense_avx2<MR>; };
 template <int MR> struct Avx512Dense { static constexpr DenseFn fn = dense_avx512<MR>; };
 
 constexpr int kRowsAvx2 = 4, kRowsAvx512 = 8;  // rows per register block (16 / 32 vector registers)
@@ -293,7 +237,7 @@ constexpr int kRowsAvx2 = 4, kRowsAvx512 = 8;  // rows per register block (16 / 
 struct Kernels {
   int rows;
   TileFn tile[kRowsAvx512];
-  DequantFn dequant;
+  DequantFn dequant;  // null: no buffered path on this instruction set
   DenseFn dense[kRowsAvx512];
 };
 
@@ -307,12 +251,12 @@ Kernels kernels_for(int isa, int format) {
     for (int i = 0; i < kRowsAvx512; ++i) k.tile[i] = tiles[i], k.dense[i] = dense[i];
     k.dequant = format == Q4_1 ? dequant_avx512<Q4_1> : dequant_avx512<Q8_0>;
   } else {
+    // No buffered path: re-de-quantizing in registers for each block of 4 rows measured 1.2-1.6x faster at
+    // every M from 5 to 64 on an AVX2 EPYC (docs/benchmarks.md) than a tile de-quantized once into memory.
     k.rows = kRowsAvx2;
     auto tiles = format == Q4_1 ? table<Avx2Tile<Q4_1>::T>(std::make_integer_sequence<int, kRowsAvx2>())
                                 : table<Avx2Tile<Q8_0>::T>(std::make_integer_sequence<int, kRowsAvx2>());
-    auto dense = table<Avx2Dense>(std::make_integer_sequence<int, kRowsAvx2>());
-    for (int i = 0; i < kRowsAvx2; ++i) k.tile[i] = tiles[i], k.dense[i] = dense[i];
-    k.dequant = format == Q4_1 ? dequant_avx2<Q4_1> : dequant_avx2<Q8_0>;
+    for (int i = 0; i < kRowsAvx2; ++i) k.tile[i] = tiles[i];
   }
   return k;
 }
@@ -350,9 +294,9 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const Kernels k = kernels_for((int)isa, (int)format);
-  // Up to one register block of rows: de-quantize in registers. More: de-quantize each tile once into a
-  // per-thread buffer and stream every row block over it.
-  const bool buffered = rows > k.rows;
+  // Up to one register block of rows, and on AVX2 always: de-quantize in registers, once per block of rows.
+  // More rows on AVX-512: de-quantize each tile once into a per-thread buffer and stream every row block over it.
+  const bool buffered = k.dequant != nullptr && rows > k.rows;
   // Grain: tiles per task, a few microseconds of work, so that a thread is worth waking for it.
   const int64_t grain = std::max<int64_t>(1, 512 / (blocks * std::max<int64_t>(rows, 1)));
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
