@@ -1,11 +1,12 @@
 """llama.cpp for section 6, built the same way on every machine: `make llama-cpp` (or `python -m
 benchmarks.llama_cpp_build`).
 
-llama-bench and llama-server come from the llama.cpp source that the hash-pinned llama-cpp-python sdist vendors
-(0.3.36: llama.cpp commit 0c1e570), built with cmake for the CPU it runs on (`-DGGML_NATIVE=ON`: the peer at its
-best; statically linked, so the two programs need nothing beside them) into `.cache/llama.cpp/bin`, with the CPU
-flags they were built for. `llm-bench` finds them there (`default_bin_dir`); a build for another CPU is not used,
-and `make llama-cpp` rebuilds it. About 8 minutes on 2 cores; needs cmake and a C++ compiler.
+llama-bench and llama-server come from the llama.cpp source that the llama-cpp-python sdist vendors (0.3.36:
+llama.cpp commit 0c1e570; downloaded from PyPI, its sha256 pinned), built with cmake for the CPU it runs on
+(`-DGGML_NATIVE=ON`: the peer at its best; statically linked, so the two programs need nothing beside them) into
+`.cache/llama.cpp/bin`, with the CPU flags they were built for. `llm-bench` finds them there (`default_bin_dir`);
+a build for another CPU is not used, and `make llama-cpp` rebuilds it. About 8 minutes on 2 cores; needs cmake and
+a C++ compiler.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
+import urllib.request
 from pathlib import Path
 
 from launcher.paths import REPO_ROOT
 
 VERSION = "0.3.36"
 SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+URL = (
+    "https://files.pythonhosted.org/packages/ec/e9/"
+    f"e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-{VERSION}.tar.gz"
+)
 PROGRAMS = ("llama-bench", "llama-server")
 FLAGS_FILE = "cpu-flags.txt"
 
@@ -65,18 +70,15 @@ def default_bin_dir() -> str:
 
 
 def sdist(cache: Path) -> Path:
-    """The llama-cpp-python sdist, downloaded once (pip, so the machine's index settings apply) and checked."""
-    name = f"llama_cpp_python-{VERSION}.tar.gz"
-    path = cache / "dl" / name
+    """The llama-cpp-python sdist, downloaded once from its pinned PyPI address and checked against its hash (not
+    through `pip download`, which builds an sdist's metadata first: 8 minutes of CPU for this one)."""
+    path = cache / "dl" / URL.rsplit("/", 1)[1]
     if not path.is_file() or _sha256(path) != SHA256:
-        pins = cache / "requirements.txt"
-        pins.parent.mkdir(parents=True, exist_ok=True)
-        pins.write_text(f"llama-cpp-python=={VERSION} --hash=sha256:{SHA256}\n")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
-            + ["--require-hashes", "-r", str(pins), "-d", str(path.parent)],
-            check=True,
-        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".part")
+        with urllib.request.urlopen(URL, timeout=120) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out, 1 << 20)
+        partial.replace(path)
     if _sha256(path) != SHA256:
         raise SystemExit(f"{path}: sha256 {_sha256(path)}, expected {SHA256}")
     return path
