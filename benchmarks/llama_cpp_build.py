@@ -50,9 +50,9 @@ def cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
-def built_for_this_cpu(bin_dir: Path) -> str:
-    """'' where `bin_dir` holds both programs (and, for this build's own folder, was built for this CPU), else
-    why not."""
+def why_unusable(bin_dir: Path) -> str:
+    """Why section 6 cannot use `bin_dir` ('' where it can): both programs must be there and, in this build's own
+    folder, built for this CPU."""
     missing = [p for p in PROGRAMS if not (bin_dir / p).is_file()]
     if missing:
         return f"{', '.join(missing)} not found in {bin_dir} (make llama-cpp builds them)"
@@ -95,7 +95,7 @@ def _sha256(path: Path) -> str:
 def build(jobs: int, force: bool = False) -> Path:
     cache = cache_dir()
     bin_dir = cache / "bin"
-    if not force and not built_for_this_cpu(bin_dir):
+    if not force and why_unusable(bin_dir) == "":
         print(f"llama.cpp is built for this CPU in {bin_dir}")
         return bin_dir
     for tool in ("cmake", "c++"):

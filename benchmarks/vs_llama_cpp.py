@@ -41,7 +41,7 @@ class LlamaCpp:
         """The binaries and the GGUF, or why the section cannot run."""
         if not bin_dir:
             return "no llama.cpp folder given (--llama-cpp-dir or LLAMA_CPP_DIR)"
-        unusable = llama_cpp_build.built_for_this_cpu(Path(bin_dir))
+        unusable = llama_cpp_build.why_unusable(Path(bin_dir))
         if unusable:
             return unusable
         if not gguf or not Path(gguf).is_file():

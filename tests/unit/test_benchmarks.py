@@ -162,14 +162,14 @@ def test_a_llama_cpp_build_for_another_cpu_is_not_used(tmp_path, monkeypatch):
     monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
     bin_dir = Path(llama_cpp_build.default_bin_dir())
     assert bin_dir == tmp_path / "bin"
-    assert "not found" in llama_cpp_build.built_for_this_cpu(bin_dir)
+    assert "not found" in llama_cpp_build.why_unusable(bin_dir)
     bin_dir.mkdir()
     fake_llama_cpp(bin_dir)
-    assert "another CPU" in llama_cpp_build.built_for_this_cpu(bin_dir)  # no record of its CPU
+    assert "another CPU" in llama_cpp_build.why_unusable(bin_dir)  # no record of its CPU
     (bin_dir / llama_cpp_build.FLAGS_FILE).write_text("fpu sse2\n")
-    assert "another CPU" in llama_cpp_build.built_for_this_cpu(bin_dir)
+    assert "another CPU" in llama_cpp_build.why_unusable(bin_dir)
     assert "another CPU" in vs_llama_cpp.LlamaCpp.find(str(bin_dir), str(bin_dir / "llama-bench"))
     (bin_dir / llama_cpp_build.FLAGS_FILE).write_text(llama_cpp_build.cpu_flags() + "\n")
-    assert llama_cpp_build.built_for_this_cpu(bin_dir) == ""
+    assert llama_cpp_build.why_unusable(bin_dir) == ""
     # a folder of the user's own is used as it is
-    assert llama_cpp_build.built_for_this_cpu(fake_llama_cpp(tmp_path)) == ""
+    assert llama_cpp_build.why_unusable(fake_llama_cpp(tmp_path)) == ""
