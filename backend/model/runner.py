@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Up to how many rows a step takes the low-bit weights (beyond, the dense GEMM is faster), by what serves them:
 # our kernel per instruction set, torch's int4/int8 over bf16. Measured per step size (docs/benchmarks.md).
-LOWBIT_ROWS = {"avx512": 16, "avx2": 32, "torch": 8}
+LOWBIT_ROWS = {"avx512": 16, "avx2": 48, "torch": 8}
 
 
 @dataclass
@@ -95,7 +95,11 @@ class ModelRunner:
         if self.fused is not None and blocks:
             layers = self.fused.linear_layers()
             low_bit = sum(isinstance(lin, LowBitLinear) for lin in layers)
-            self.kernel = f"{kernels.ISA_NAMES[isa]} low-bit kernel for {low_bit} of {len(layers)} layers"
+            threads = kernels.threads()
+            self.kernel = (
+                f"{kernels.ISA_NAMES[isa]} low-bit kernel for {low_bit} of {len(layers)} layers, on "
+                f"{threads} thread{'' if threads == 1 else 's'}"
+            )
         self.num_blocks = num_blocks
         s = self.shape
         self.kv_cache = torch.zeros(

@@ -5,6 +5,7 @@ in the dtype `auto` picks on this machine: token for token in float32, up to a n
 testkit/fidelity.py)."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -107,4 +108,5 @@ def test_the_load_log_says_which_dtype_auto_picked_and_why(server):
     isa = kernels.ISA_NAMES[kernels.best_isa()]
     assert f"dtype {SERVED_DTYPE}, quantization {SERVED_QUANTIZATION} ({WHY}; kernel instruction set: {isa})" in log
     if SERVED_QUANTIZATION == "gguf":
-        assert f"linear layers: {isa} low-bit kernel for 121 of 121 layers" in log
+        threads = len(os.sched_getaffinity(0))  # num_threads 0: every core, and the kernels on all of them
+        assert f"linear layers: {isa} low-bit kernel for 121 of 121 layers, on {threads} thread" in log

@@ -20,6 +20,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
+# -fopenmp: ATen's parallel_for (a header template) runs serially in a file compiled without it. The extension
+# links the OpenMP runtime by soname (libgomp.so.1), which resolves to the one torch has already loaded: one
+# thread pool, sized by torch.set_num_threads.
+CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 SOURCES = [Path(__file__).with_name(n) for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp")]
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 _REPO = Path(__file__).resolve().parents[3]
@@ -32,8 +37,9 @@ def cache_dir() -> Path:
 
 
 def build_key() -> str:
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()).hexdigest()
-    return digest[:16]
+    flags = " ".join(CFLAGS + LDFLAGS)
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + (torch.__version__ + flags).encode())
+    return digest.hexdigest()[:16]
 
 
 def load():
@@ -55,7 +61,8 @@ def load():
                 name=f"llm_kernels_{key}",
                 sources=[str(p) for p in SOURCES],
                 build_directory=str(build_dir),
-                extra_cflags=["-O3", "-std=c++17", "-ffp-contract=off"],
+                extra_cflags=CFLAGS,
+                extra_ldflags=LDFLAGS,
                 verbose=False,
             )
         except Exception as exc:  # a missing compiler or ninja: the pure-torch path still serves
@@ -91,9 +98,18 @@ def best_isa() -> int:
     return isa
 
 
+def threads() -> int:
+    """The threads our kernels compute on at the current torch thread count (0: no kernels)."""
+    module = load()
+    return int(module.parallel_threads(torch.get_num_threads())) if module is not None else 0
+
+
 def main() -> None:
     """`python -m backend.model.kernels`: build (or find) the kernels and say what this CPU runs."""
     logging.basicConfig(level=logging.INFO)
     built = load()
     state = "built" if built else "NOT built: " + load_error()
-    print(f"low-bit kernels: {state} in {cache_dir() / build_key()}; this CPU runs {ISA_NAMES[best_isa()]}")
+    print(
+        f"low-bit kernels: {state} in {cache_dir() / build_key()}; this CPU runs {ISA_NAMES[best_isa()]} on "
+        f"{threads()} of {torch.get_num_threads()} torch threads"
+    )

@@ -1,5 +1,8 @@
 // The Python module of our kernels: lowbit.cpp (low-bit linear layers) and layer_ops.cpp (decoder-layer ops).
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
+
+#include <atomic>
 
 int64_t best_isa();
 at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format, int64_t isa);
@@ -9,12 +12,23 @@ at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, 
                                 at::Tensor slots, at::Tensor positions, at::Tensor row_seq, at::Tensor block_tables,
                                 int64_t heads, int64_t kv_heads, double scale);
 
+// How many threads at::parallel_for spreads `tasks` one-task chunks over in this build, at the current torch thread
+// count. 1 where the extension was compiled without OpenMP: ATen's parallel_for is a header template that runs
+// serially unless the including file is built with -fopenmp, which the kernels once were not (every kernel on
+// one core whatever torch.set_num_threads said).
+int64_t parallel_threads(int64_t tasks) {
+  std::atomic<uint64_t> seen{0};
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) { seen |= uint64_t{1} << (at::get_thread_num() % 64); });
+  return __builtin_popcountll(seen.load());
+}
+
 // Every compute function runs without the GIL (its arguments are converted before and its result after): the
 // server's Python threads (response sending, metrics, cancellation) run beside a kernel instead of waiting for
 // it, and the engine never waits on them between its own calls.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("best_isa", &best_isa, "best instruction set of this CPU: 2 AVX-512, 1 AVX2+FMA+F16C, 0 neither");
+  m.def("parallel_threads", &parallel_threads, "threads a parallel_for over `tasks` tasks runs on", no_gil);
   m.def("lowbit_linear", &lowbit_linear, "x @ W^T for W in packed GGUF blocks (Q4_1 / Q8_0)", no_gil);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight",
         py::arg("hidden"), py::arg("delta"), py::arg("weight"), py::arg("eps"), no_gil);
