@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,6 +142,13 @@ def test_kernels_compute_on_every_torch_thread(module, torch_threads):
         torch_threads(threads)
         assert module.parallel_threads(8) == threads
         assert kernels.threads() == threads
+
+
+def test_layer_ops_run_the_copy_for_this_cpus_instruction_set(module):
+    """The layer ops are compiled per instruction set and picked at load; clones named for a CPU model
+    (`arch=haswell`) once left every AMD CPU on the baseline SSE2 copy."""
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    assert module.layer_ops_isa() == (2 if "avx512f" in flags else 1 if "avx2" in flags else 0)
 
 
 @pytest.mark.parametrize("format", ["q4_1", "q8_0"])

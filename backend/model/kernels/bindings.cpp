@@ -5,6 +5,7 @@
 #include <atomic>
 
 int64_t best_isa();
+int64_t layer_ops_isa();
 at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format, int64_t isa);
 at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps);
 at::Tensor silu_mul(at::Tensor gate_up);
@@ -28,6 +29,7 @@ int64_t parallel_threads(int64_t tasks) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("best_isa", &best_isa, "best instruction set of this CPU: 2 AVX-512, 1 AVX2+FMA+F16C, 0 neither");
+  m.def("layer_ops_isa", &layer_ops_isa, "the copy of the layer ops this CPU runs: 2 AVX-512, 1 AVX2, 0 baseline");
   m.def("parallel_threads", &parallel_threads, "threads a parallel_for over `tasks` tasks runs on", no_gil);
   m.def("lowbit_linear", &lowbit_linear, "x @ W^T for W in packed GGUF blocks (Q4_1 / Q8_0)", no_gil);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight",

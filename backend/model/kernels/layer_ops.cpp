@@ -4,22 +4,46 @@
 // follows Hugging Face's op for op (the extension is built with -ffp-contract=off, so `a * b + c * d` rounds
 // as torch rounds it); only the order of the reductions (sums of squares, dot products, softmax sums) differs.
 // Each function is compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks one for the running CPU
-// (GCC target_clones), so the build machine's flags never matter.
+// (GCC target_clones), so the build machine's flags never matter. The clones are named by instruction set, not by
+// CPU: GCC dispatches `arch=haswell` / `arch=skylake-avx512` clones on the CPU model (__builtin_cpu_is), so every
+// AMD and most Intel CPUs ran the baseline SSE2 copy; `layer_ops_isa` reports the pick and a test holds it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <vector>
 
-#define CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#define LAYER_OPS_AVX512 "avx512f"
+#define LAYER_OPS_AVX2 "avx2"
+#define CLONES __attribute__((target_clones(LAYER_OPS_AVX512, LAYER_OPS_AVX2, "default")))
 
 namespace {
+
+// The same dispatch as CLONES, written out so that it can say which copy runs: 2 AVX-512, 1 AVX2, 0 baseline.
+__attribute__((target(LAYER_OPS_AVX512))) int64_t clone_isa() { return 2; }
+__attribute__((target(LAYER_OPS_AVX2))) int64_t clone_isa() { return 1; }
+__attribute__((target("default"))) int64_t clone_isa() { return 0; }
+
+// sum(a[i] * b[i]) in kLanes running sums (lane l takes every i with i % kLanes == l), added pairwise at the end:
+// vector registers instead of one scalar chain whose every add waits for the one before (a plain `sum +=` loop,
+// which the compiler may not reorder, ran attention's dot products one multiply-add per 4 cycles). Only the
+// order of the sum changes. Inlined into each CPU's copy of its callers.
+constexpr int kLanes = 16;
+inline __attribute__((always_inline)) float sum_of_products(const float* a, const float* b, int64_t n) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i] * b[i];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  return lanes[0];
+}
 
 CLONES void add_rms_row(float* hidden, const float* delta, const float* weight, float* out, int64_t n, float eps) {
   if (delta != nullptr)
     for (int64_t i = 0; i < n; ++i) hidden[i] += delta[i];
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += hidden[i] * hidden[i];
+  const float sum = sum_of_products(hidden, hidden, n);
   const float inv = 1.f / std::sqrt(sum / (float)n + eps);
   for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (hidden[i] * inv);
 }
@@ -35,21 +59,36 @@ CLONES void rope_head(const float* x, const float* cos, const float* sin, float*
   for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
-CLONES float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
 
-CLONES void axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-CLONES void scale_row(float* y, float a, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+// One query head's attention over the `context` first positions of its sequence: out += softmax(q . k_j * scale)
+// weighted v_j, with position j's key and value at slot table[j / block_size] * block_size + j % block_size
+// (`stride` floats per slot). `scores` is scratch for `context` floats. One call per head, so that its loops run
+// inlined in the copy for this CPU.
+CLONES void attend(const float* q, const float* keys, const float* values, const int64_t* table, int64_t context,
+                   int64_t block_size, int64_t stride, int64_t dim, float scale, float* scores, float* out) {
+  // Block by block: a division per position (a 64-bit divide is tens of cycles) cost more than its dot product.
+  float top = -INFINITY;
+  for (int64_t start = 0; start < context; start += block_size) {
+    const float* k = keys + table[start / block_size] * block_size * stride;
+    for (int64_t j = start; j < std::min(context, start + block_size); ++j, k += stride) {
+      scores[j] = sum_of_products(q, k, dim) * scale;
+      top = std::max(top, scores[j]);
+    }
+  }
+  float total = 0.f;
+  for (int64_t j = 0; j < context; ++j) total += (scores[j] = std::exp(scores[j] - top));
+  for (int64_t start = 0; start < context; start += block_size) {
+    const float* v = values + table[start / block_size] * block_size * stride;
+    for (int64_t j = start; j < std::min(context, start + block_size); ++j, v += stride)
+      for (int64_t i = 0; i < dim; ++i) out[i] += scores[j] * v[i];
+  }
+  const float inverse = 1.f / total;
+  for (int64_t i = 0; i < dim; ++i) out[i] *= inverse;
 }
 
 }  // namespace
+
+int64_t layer_ops_isa() { return clone_isa(); }
 
 // hidden += delta (when given), then RMSNorm(hidden) * weight; hidden is updated in place.
 at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps) {
@@ -133,22 +172,9 @@ at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, 
       const int64_t t = task / heads, h = task % heads, kvh = h / group, context = pos_p[t] + 1;
       const int64_t* table = table_p + seq_p[t] * max_blocks;
       TORCH_CHECK((context + block_size - 1) / block_size <= max_blocks, "block table too short for row ", t);
-      const float* qh = q + (t * heads + h) * dim;
       scores.resize(context);
-      float top = -INFINITY;
-      for (int64_t j = 0; j < context; ++j) {
-        const int64_t at_slot = table[j / block_size] * block_size + j % block_size;
-        scores[j] = dot(qh, cache + (at_slot * kv_heads + kvh) * dim, dim) * (float)scale;
-        top = std::max(top, scores[j]);
-      }
-      float total = 0.f;
-      for (int64_t j = 0; j < context; ++j) total += (scores[j] = std::exp(scores[j] - top));
-      float* oh = o + (t * heads + h) * dim;
-      for (int64_t j = 0; j < context; ++j) {
-        const int64_t at_slot = table[j / block_size] * block_size + j % block_size;
-        axpy(scores[j], cache + cache_half + (at_slot * kv_heads + kvh) * dim, oh, dim);
-      }
-      scale_row(oh, 1.f / total, dim);
+      attend(q + (t * heads + h) * dim, cache + kvh * dim, cache + cache_half + kvh * dim, table, context, block_size,
+             kv_heads * dim, dim, (float)scale, scores.data(), o + (t * heads + h) * dim);
     }
   });
   return out;
