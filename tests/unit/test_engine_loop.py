@@ -341,3 +341,27 @@ def test_a_dead_engine_thread_answers_every_request_at_once(tiny_llama):
         running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)))
     assert time.monotonic() - started < 1.0
     running.shutdown(timeout_s=WAIT_S)
+
+
+def test_load_engine_builds_on_a_thread_that_ends(tiny_llama, monkeypatch):
+    """The loading thread's OpenMP pool must not outlive the load (see load_engine): it runs elsewhere and ends."""
+    from backend.engine import loop as loop_module
+
+    built_on = []
+
+    class Recording(LLMEngine):
+        def __init__(self, config):
+            built_on.append(threading.current_thread())
+            super().__init__(config)
+
+    monkeypatch.setattr(loop_module, "LLMEngine", Recording)
+    engine = loop_module.load_engine(EngineConfig(model=tiny_llama, dtype="float32", block_size=4, kv_cache_blocks=8))
+    assert isinstance(engine, Recording)
+    assert built_on[0] is not threading.current_thread() and not built_on[0].is_alive()
+
+
+def test_load_engine_raises_what_the_load_raised(tmp_path):
+    from backend.engine.loop import load_engine
+
+    with pytest.raises(ValueError, match="Unrecognized model in " + str(tmp_path)):
+        load_engine(EngineConfig(model=str(tmp_path), dtype="float32"))

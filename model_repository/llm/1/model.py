@@ -19,8 +19,7 @@ import triton_python_backend_utils as pb_utils
 from backend.core.config import EngineConfig
 from backend.core.metrics import PeriodicPublisher, TritonMetricsSink
 from backend.core.request import RequestOutput
-from backend.engine.llm_engine import LLMEngine
-from backend.engine.loop import EngineLoop, EngineStopped, ServerBusy
+from backend.engine.loop import EngineLoop, EngineStopped, ServerBusy, load_engine
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INPUT_NAMES, error_text
 from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
@@ -49,7 +48,7 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         config = EngineConfig.from_parameters(parameters, base_dir=Path(args["model_repository"]))
         self.model_name = args["model_name"]
-        self.engine = LLMEngine(config)
+        self.engine = load_engine(config)  # off this thread: see load_engine
         # Triton metric updates are round trips to the server: published from their own thread every 100 ms.
         # That thread starts with the first request, after `initialize` has returned: until then every round
         # trip is made here, on this thread, one at a time (docs/engine.md, "Start and stop").
