@@ -177,25 +177,27 @@ class Goal:
 
 DECODE_PROFILE = "Decode step profile (section 4)"
 TRITON_STEPS = "Engine steps in-process vs through Triton (section 3)"
+# The targets of the speed issue of 2026-11-25 (faster than llama.cpp at every batch size); the report of
+# 2026-11-26 05:14 UTC still judged against the earlier ones (P8 0.5x, P9 1x, P2 2x, P5 50 %, P6 40 %, P7 10 %).
 GOALS = {
-    "P2": Goal(2, "output tok/s, ours through Triton / transformers continuous batching", 2.0, bound=DECODE_PROFILE),
+    "P2": Goal(2, "output tok/s, ours through Triton / transformers continuous batching", 3.0, bound=DECODE_PROFILE),
     "P7": Goal(
         3,
         "Triton path overhead (in-process tok/s / Triton tok/s - 1)",
-        0.10,
+        0.05,
         at_most=True,
         percent=True,
         bound=TRITON_STEPS,
     ),
-    "P8": Goal(6, "batch-1 decode tok/s, ours through Triton / llama-bench", 0.5, bound=DECODE_PROFILE),
+    "P8": Goal(6, "batch-1 decode tok/s, ours through Triton / llama-bench", 1.3, bound=DECODE_PROFILE),
     "P1": Goal(
         1, "seed workload wall time, static HF generate / ours (the queue run twice)", 2.5, bound=DECODE_PROFILE
     ),
     "P5": Goal(
-        4, "batch-1 decode, share of the memory ceiling (bytes read per step)", 0.5, percent=True, bound=DECODE_PROFILE
+        4, "batch-1 decode, share of the memory ceiling (bytes read per step)", 0.6, percent=True, bound=DECODE_PROFILE
     ),
-    "P6": Goal(4, "large-batch decode, share of the compute ceiling", 0.4, percent=True, bound=DECODE_PROFILE),
-    "P9": Goal(6, "output tok/s at 32 streams, ours through Triton / llama-server", 1.0, bound=DECODE_PROFILE),
+    "P6": Goal(4, "large-batch decode, share of the compute ceiling", 0.5, percent=True, bound=DECODE_PROFILE),
+    "P9": Goal(6, "output tok/s at 32 streams, ours through Triton / llama-server", 1.5, bound=DECODE_PROFILE),
 }
 SUMMARY_ORDER = ("P2", "P7", "P8", "P1", "P5", "P6", "P9")
 
