@@ -17,8 +17,10 @@ _FIXED_K = {"spec_adaptive": "false"}  # the speculative variants verify a fixed
 VARIANTS: dict[str, dict[str, str]] = {
     # Default-like, but a small token budget so that prompts longer than 64 tokens are prefilled in chunks.
     "llm": {**_FP32, "max_num_batched_tokens": "64", "max_num_seqs": "32"},
-    # 40 blocks x 16 tokens = 640 tokens of KV: 24 concurrent requests must preempt.
-    "llm_small_kv": {**_FP32, "kv_cache_blocks": "40", "block_size": "16", "max_num_seqs": "32"},
+    # 24 blocks x 16 tokens = 384 tokens of KV: the largest request fits (13 blocks), 24 concurrent ones need 104,
+    # and one step admits up to 512 prompt tokens, so the pool is full after the first steps and decodes preempt
+    # (40 blocks once left room enough that a faster engine finished the load without preempting).
+    "llm_small_kv": {**_FP32, "kv_cache_blocks": "24", "block_size": "16", "max_num_seqs": "32"},
     # Two running sequences and at most four waiting requests: a flood is partly refused.
     "llm_small_queue": {**_FP32, "max_queue_size": "4", "max_num_seqs": "2"},
     # The `llm` settings without a prefix cache: the cold-cache baseline for prefix-caching tests.

@@ -44,9 +44,9 @@ NEVER_FITS = ("The history of the bicycle begins in the early nineteenth century
 
 
 def test_request_that_can_never_fit_the_kv_cache_is_refused(server):
-    """prompt + max_tokens beyond the whole pool (640 tokens) but within max_model_len: a clear error."""
+    """prompt + max_tokens beyond the whole pool (384 tokens) but within max_model_len: a clear error."""
     prompt, max_tokens = NEVER_FITS
-    with pytest.raises(ServerError, match="can never fit the KV cache of 640 tokens"):
+    with pytest.raises(ServerError, match="can never fit the KV cache of 384 tokens"):
         generate_grpc(prompt, server.grpc_url, MODEL, max_tokens=max_tokens, temperature=0.0)
     got = generate_grpc("The capital of France is", server.grpc_url, MODEL, max_tokens=4, temperature=0.0)
     assert len(got.token_ids) == 4
