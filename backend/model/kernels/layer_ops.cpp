@@ -59,7 +59,6 @@ CLONES void rope_head(const float* x, const float* cos, const float* sin, float*
   for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
-
 // One query head's attention over the `context` first positions of its sequence: out += softmax(q . k_j * scale)
 // weighted v_j, with position j's key and value at slot table[j / block_size] * block_size + j % block_size
 // (`stride` floats per slot). `scores` is scratch for `context` floats. One call per head, so that its loops run
