@@ -173,3 +173,24 @@ def test_a_llama_cpp_build_for_another_cpu_is_not_used(tmp_path, monkeypatch):
     assert llama_cpp_build.why_unusable(bin_dir) == ""
     # a folder of the user's own is used as it is
     assert llama_cpp_build.why_unusable(fake_llama_cpp(tmp_path)) == ""
+
+
+def test_the_llama_cpp_sdist_unpacks_only_inside_its_folder(tmp_path):
+    """`make llama-cpp` unpacks a downloaded archive: a member pointing outside the folder is refused (by tarfile's
+    data filter, or by hand on Python < 3.11.4, which has none)."""
+    import io
+    import tarfile
+
+    def archive(name: str) -> Path:
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"ok"))
+        return path
+
+    llama_cpp_build._extract(archive("pkg/file.txt"), tmp_path / "good")
+    assert (tmp_path / "good" / "pkg" / "file.txt").read_bytes() == b"ok"
+    with pytest.raises((SystemExit, tarfile.FilterError) if hasattr(tarfile, "FilterError") else SystemExit):
+        llama_cpp_build._extract(archive("../escaped.txt"), tmp_path / "bad")
+    assert not (tmp_path / "escaped.txt").exists()
