@@ -61,8 +61,8 @@ def load():
                 name=f"llm_kernels_{key}",
                 sources=[str(p) for p in SOURCES],
                 build_directory=str(build_dir),
-                extra_cflags=CFLAGS,
-                extra_ldflags=LDFLAGS,
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),  # load() appends to the lists it is given
                 verbose=False,
             )
         except Exception as exc:  # a missing compiler or ninja: the pure-torch path still serves

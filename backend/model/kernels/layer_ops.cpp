@@ -9,6 +9,7 @@
 // AMD and most Intel CPUs ran the baseline SSE2 copy; `layer_ops_isa` reports the pick and a test holds it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <vector>
@@ -24,20 +25,101 @@ __attribute__((target(LAYER_OPS_AVX512))) int64_t clone_isa() { return 2; }
 __attribute__((target(LAYER_OPS_AVX2))) int64_t clone_isa() { return 1; }
 __attribute__((target("default"))) int64_t clone_isa() { return 0; }
 
-// sum(a[i] * b[i]) in kLanes running sums (lane l takes every i with i % kLanes == l), added pairwise at the end:
+// sum(term(i)) in kLanes running sums (lane l takes every i with i % kLanes == l), added pairwise at the end:
 // vector registers instead of one scalar chain whose every add waits for the one before (a plain `sum +=` loop,
 // which the compiler may not reorder, ran attention's dot products one multiply-add per 4 cycles). Only the
 // order of the sum changes. Inlined into each CPU's copy of its callers.
 constexpr int kLanes = 16;
-inline __attribute__((always_inline)) float sum_of_products(const float* a, const float* b, int64_t n) {
+template <typename Term>
+inline __attribute__((always_inline)) float lane_sum(int64_t n, Term term) {
   float lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i] * b[i];
+    for (int l = 0; l < kLanes; ++l) lanes[l] += term(i + l);
+  for (int l = 0; i < n; ++i, ++l) lanes[l] += term(i);
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
   return lanes[0];
+}
+
+inline __attribute__((always_inline)) float sum_of_products(const float* a, const float* b, int64_t n) {
+  return lane_sum(n, [=](int64_t i) { return a[i] * b[i]; });
+}
+
+// exp for whole arrays, in the vectorised SLEEF functions torch itself computes exp with (ATen's Vectorized<float>::exp,
+// so torch's softmax and SiLU; 1.0 ulp), called from the copy of libtorch already loaded. A scalar std::exp per
+// value had been most of attention's time (one per position and head) and of SiLU's. Declared weak: where a torch
+// build lacks them, the scalar loop runs.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+extern "C" __m256 Sleef_expf8_u10avx2(__m256) __attribute__((weak));
+extern "C" __m512 Sleef_expf16_u10avx512f(__m512) __attribute__((weak));
+#pragma GCC pop_options
+
+// out[i] = exp(sign * in[i] - shift), sign 1 or -1 (so sign * in is exact); in and out may be the same array.
+inline void exp_scalar(const float* in, float* out, int64_t n, float sign, float shift) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(sign * in[i] - shift);
+}
+
+__attribute__((target("default"))) void exp_array(const float* in, float* out, int64_t n, float sign, float shift) {
+  exp_scalar(in, out, n, sign, shift);
+}
+
+// The lanes of one vector exp at a time, the tail through a zero-padded copy so that every value takes the same exp.
+// A macro, not a template: lambdas and templates do not inherit a function's target attribute.
+#define EXP_LANES(W, LOAD, STORE, EXP)                                      \
+  for (int64_t i = 0; i < n; i += W) {                                      \
+    alignas(64) float lane[W] = {};                                         \
+    const int64_t count = std::min<int64_t>(W, n - i);                      \
+    for (int64_t l = 0; l < count; ++l) lane[l] = sign * in[i + l] - shift; \
+    STORE(lane, EXP(LOAD(lane)));                                           \
+    std::copy(lane, lane + count, out + i);                                 \
+  }
+
+__attribute__((target("avx2,fma"))) void exp_array(const float* in, float* out, int64_t n, float sign, float shift) {
+  if (Sleef_expf8_u10avx2 == nullptr) return exp_scalar(in, out, n, sign, shift);
+  EXP_LANES(8, _mm256_load_ps, _mm256_store_ps, Sleef_expf8_u10avx2)
+}
+
+__attribute__((target("avx512f"))) void exp_array(const float* in, float* out, int64_t n, float sign, float shift) {
+  if (Sleef_expf16_u10avx512f == nullptr) return exp_scalar(in, out, n, sign, shift);
+  EXP_LANES(16, _mm512_load_ps, _mm512_store_ps, Sleef_expf16_u10avx512f)
+}
+#undef EXP_LANES
+
+// scores[j] = (q . k_j) * scale for `count` keys `stride` floats apart. A dot product per key ends in a sum across
+// its lanes, which had cost more than the multiply-adds; on AVX2 (every AVX-512 CPU runs it too) eight keys' lanes
+// are reduced together by a tree of horizontal adds, one vector add per key. Only the order of each sum changes.
+__attribute__((target("default"))) void key_scores(const float* q, const float* keys, int64_t stride, int64_t count,
+                                                   int64_t dim, float scale, float* scores) {
+  for (int64_t j = 0; j < count; ++j) scores[j] = sum_of_products(q, keys + j * stride, dim) * scale;
+}
+
+__attribute__((target("avx2,fma"))) void key_scores(const float* q, const float* keys, int64_t stride, int64_t count,
+                                                    int64_t dim, float scale, float* scores) {
+  if (dim % 8 != 0) {
+    for (int64_t j = 0; j < count; ++j) scores[j] = sum_of_products(q, keys + j * stride, dim) * scale;
+    return;
+  }
+  for (int64_t j = 0; j < count; j += 8) {
+    const int keys_here = (int)std::min<int64_t>(8, count - j);
+    __m256 acc[8];
+    for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + d);
+      for (int p = 0; p < keys_here; ++p)
+        acc[p] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + p) * stride + d), acc[p]);
+    }
+    // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | the same for the high halves]: after three levels, lane p of the
+    // low half plus lane p of the high half is key p's sum.
+    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    const __m256 low = _mm256_permute2f128_ps(h0123, h4567, 0x20), high = _mm256_permute2f128_ps(h0123, h4567, 0x31);
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_mul_ps(_mm256_add_ps(low, high), _mm256_set1_ps(scale)));
+    std::copy(sums, sums + keys_here, scores + j);
+  }
 }
 
 CLONES void add_rms_row(float* hidden, const float* delta, const float* weight, float* out, int64_t n, float eps) {
@@ -49,7 +131,8 @@ CLONES void add_rms_row(float* hidden, const float* delta, const float* weight, 
 }
 
 CLONES void silu_mul_row(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+  exp_array(gate, out, n, -1.f, 0.f);  // exp(-gate), then torch's silu: gate / (1 + exp(-gate))
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + out[i]) * up[i];
 }
 
 // HF's (x * cos) + (rotate_half(x) * sin) for one head of `dim` values.
@@ -68,14 +151,13 @@ CLONES void attend(const float* q, const float* keys, const float* values, const
   // Block by block: a division per position (a 64-bit divide is tens of cycles) cost more than its dot product.
   float top = -INFINITY;
   for (int64_t start = 0; start < context; start += block_size) {
-    const float* k = keys + table[start / block_size] * block_size * stride;
-    for (int64_t j = start; j < std::min(context, start + block_size); ++j, k += stride) {
-      scores[j] = sum_of_products(q, k, dim) * scale;
-      top = std::max(top, scores[j]);
-    }
+    const int64_t end = std::min(context, start + block_size);
+    key_scores(q, keys + table[start / block_size] * block_size * stride, stride, end - start, dim, scale,
+               scores + start);
+    for (int64_t j = start; j < end; ++j) top = std::max(top, scores[j]);
   }
-  float total = 0.f;
-  for (int64_t j = 0; j < context; ++j) total += (scores[j] = std::exp(scores[j] - top));
+  exp_array(scores, scores, context, 1.f, top);
+  const float total = lane_sum(context, [=](int64_t j) { return scores[j]; });
   for (int64_t start = 0; start < context; start += block_size) {
     const float* v = values + table[start / block_size] * block_size * stride;
     for (int64_t j = start; j < std::min(context, start + block_size); ++j, v += stride)

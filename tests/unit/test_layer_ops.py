@@ -1,0 +1,87 @@
+"""The C++ decoder-layer ops (backend/model/kernels/layer_ops.cpp) against torch on the same inputs: SiLU bit for
+bit in whole vectors (both take torch's vectorised exp), attention over paged KV blocks up to summation order, for
+head widths the vector path takes (multiples of 8) and the scalar path takes, and contexts that end inside a group
+of 8 keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.model import kernels
+
+
+@pytest.fixture(scope="module")
+def ops():
+    built = kernels.load()
+    assert built is not None, f"the kernels did not build: {kernels.load_error()}"
+    return built
+
+
+def test_layer_ops_run_the_copy_for_this_cpus_instruction_set(ops):
+    """The layer ops are compiled per instruction set and picked at load; clones named for a CPU model
+    (`arch=haswell`) once left every AMD CPU on the baseline SSE2 copy."""
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    assert ops.layer_ops_isa() == (2 if "avx512f" in flags else 1 if "avx2" in flags else 0)
+
+
+@pytest.mark.parametrize("width", [1, 7, 29, 32, 1536])
+def test_silu_mul_is_torchs_silu_times_up(ops, width):
+    """Bit for bit where torch runs its vector loop over the whole row (widths in whole vectors, as the models'
+    are); torch takes std::exp for the last few values of a row, we take the vector exp for all of them."""
+    gate_up = torch.randn(3, 2 * width, generator=torch.Generator().manual_seed(width)) * 8
+    want = torch.nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:]
+    got = ops.silu_mul(gate_up)
+    if width % 16 == 0:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=3e-7, atol=0)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+@pytest.mark.parametrize("dim,contexts", [(64, [1, 13, 300]), (16, [8, 17]), (12, [5, 21])])
+def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, contexts):
+    """Rows of sequences whose blocks are scattered over the cache: each writes its rotated key and its value at
+    its slot and attends over its sequence's positions 0..p (3 query heads per KV head)."""
+    g = torch.Generator().manual_seed(dim)
+    heads, kv_heads, block, blocks = 6, 2, 16, 64
+    cache = torch.randn(2, blocks, block, kv_heads, dim, generator=g)
+    rows = len(contexts)
+    need = [(c + block - 1) // block for c in contexts]
+    order = torch.randperm(blocks, generator=g)
+    tables = torch.zeros(rows, max(need), dtype=torch.long)
+    taken = 0
+    for r, n in enumerate(need):
+        tables[r, :n] = order[taken : taken + n]
+        taken += n
+    positions = torch.tensor(contexts) - 1
+    slots = tables[torch.arange(rows), positions // block] * block + positions % block
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g)
+    angle = positions[:, None].float() * torch.rand(dim, generator=g)
+    cos, sin = angle.cos(), angle.sin()
+    scale = dim**-0.5
+    expected_cache = cache.clone()
+    got = ops.rope_paged_attention(
+        qkv, cos, sin, cache, slots, positions, torch.arange(rows), tables, heads, kv_heads, scale
+    )
+
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
+    for r in range(rows):
+        flat = expected_cache.view(2, blocks * block, kv_heads, dim)
+        flat[0, slots[r]] = rotate(k[r].view(kv_heads, dim), cos[r], sin[r])
+        flat[1, slots[r]] = v[r].view(kv_heads, dim)
+    torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0)
+    for r, context in enumerate(contexts):
+        where = (tables[r, :, None] * block + torch.arange(block)).flatten()[:context]
+        keys = expected_cache[0].view(blocks * block, kv_heads, dim)[where].repeat_interleave(3, 1)  # [C, H, D]
+        values = expected_cache[1].view(blocks * block, kv_heads, dim)[where].repeat_interleave(3, 1)
+        query = rotate(q[r].view(heads, dim), cos[r], sin[r])
+        weights = torch.softmax(torch.einsum("hd,chd->hc", query, keys) * scale, -1)
+        want = torch.einsum("hc,chd->hd", weights, values).reshape(-1)
+        torch.testing.assert_close(got[r], want, rtol=2e-6, atol=2e-6)
