@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend.core.metrics import METRIC_NAMES
+
 
 class ConfigError(ValueError):
     """A bad engine setting; the message names the parameter."""
@@ -51,9 +53,17 @@ class EngineConfig:
     max_n: int = 8
     max_prompt_bytes: int = 0  # prompts longer (UTF-8 bytes) are refused before tokenizing; 0: 16 x max_model_len
     log_batch_visualization: bool = False
+    # Besides ours, the metric names exported: "vllm" and / or "tensorrt_llm" (comma-separated), or "none".
+    metric_names: str = "vllm,tensorrt_llm"
     num_threads: int = 0  # torch intra-op threads; 0: every core (hardware.serving_threads)
     seed: int = 0
     fault_injection: str = ""  # test only: see fault_injection.py
+
+    @property
+    def metric_dialects(self) -> tuple[str, ...]:
+        """The ALIASES dialects of `metric_names` (backend/core/metrics.py)."""
+        names = [n.strip() for n in self.metric_names.split(",") if n.strip()]
+        return () if names == ["none"] else tuple(names)
 
     @property
     def speculative(self) -> bool:
@@ -123,6 +133,12 @@ class EngineConfig:
         _check_range("max_n", self.max_n, 1, 256)
         _check_range("max_prompt_bytes", self.max_prompt_bytes, 0, 1 << 30)
         _check_range("num_threads", self.num_threads, 0, 1024)
+        unknown = sorted(set(self.metric_dialects) - set(METRIC_NAMES))
+        if unknown or not self.metric_names.strip():
+            raise ConfigError(
+                f"parameter 'metric_names' must list some of {list(METRIC_NAMES)} (comma-separated) or be 'none', "
+                f"got {self.metric_names!r}"
+            )
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0]
 _BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+_TOKEN_COUNT_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000]
 
 COUNTERS = {
     "llm_prompt_tokens_total": "Prompt tokens received",
@@ -40,6 +41,10 @@ GAUGES = {
     "llm_kv_cache_blocks_cached_free": "Free KV blocks still holding a cached prefix",
     "llm_kv_cache_blocks_total": "KV blocks in the pool",
     "llm_kv_cache_usage_ratio": "Fraction of the KV pool held by sequences (blocks used / total, 0 to 1)",
+    "llm_requests_in_flight": "Sequences running or waiting",
+    "llm_max_num_seqs": "Sequences one step may run (max_num_seqs)",
+    "llm_step_prefill_sequences": "Sequences prefilling a prompt chunk in the last step",
+    "llm_kv_cache_block_tokens": "Tokens per KV block",
     "llm_engine_alive": "1 while the engine thread runs; 0 once it has died (requests are refused)",
 }
 HISTOGRAMS = {
@@ -48,7 +53,67 @@ HISTOGRAMS = {
     "llm_e2e_request_latency_seconds": ("Time from arrival to the final response", _LATENCY_BUCKETS),
     "llm_step_num_sequences": ("Sequences in one engine step's batch", _BATCH_BUCKETS),
     "llm_step_num_tokens": ("Tokens in one engine step's batch", [1, 8, 32, 64, 128, 256, 512, 1024, 2048, 8192]),
+    "llm_request_prompt_tokens": ("Prompt tokens of each finished request", _TOKEN_COUNT_BUCKETS),
+    "llm_request_generation_tokens": ("Tokens generated for each finished request", _TOKEN_COUNT_BUCKETS),
+    "llm_request_params_n": ("Samples (n) of each finished request", [1, 2, 5, 10, 20]),
 }
+
+# The same numbers under the names other servers' dashboards, alerts and autoscalers read (`metric_names`):
+# our name -> (their name, labels added, our label -> theirs); their kind is ours; a histogram's buckets are ours
+# unless given. vLLM's (v1 engine, as vllm_backend exports them) and TensorRT-LLM's inflight-batcher families.
+Alias = tuple[str, dict, dict]
+ALIASES: dict[str, dict[str, list[Alias]]] = {
+    "vllm": {
+        "llm_requests_running": [("vllm:num_requests_running", {}, {})],
+        "llm_requests_waiting": [("vllm:num_requests_waiting", {}, {})],
+        "llm_kv_cache_usage_ratio": [("vllm:kv_cache_usage_perc", {}, {}), ("vllm:gpu_cache_usage_perc", {}, {})],
+        "llm_prompt_tokens_total": [("vllm:prompt_tokens_total", {}, {})],
+        "llm_generation_tokens_total": [("vllm:generation_tokens_total", {}, {})],
+        "llm_requests_finished_total": [("vllm:request_success_total", {}, {"finish_reason": "finished_reason"})],
+        "llm_requests_preempted_total": [("vllm:num_preemptions_total", {}, {})],
+        "llm_prefix_cache_queries_total": [("vllm:prefix_cache_queries_total", {}, {})],
+        "llm_prefix_cache_hits_total": [("vllm:prefix_cache_hits_total", {}, {})],
+        "llm_spec_decode_num_drafts_total": [("vllm:spec_decode_num_drafts_total", {}, {})],
+        "llm_spec_decode_num_draft_tokens_total": [("vllm:spec_decode_num_draft_tokens_total", {}, {})],
+        "llm_spec_decode_num_accepted_tokens_total": [("vllm:spec_decode_num_accepted_tokens_total", {}, {})],
+        "llm_time_to_first_token_seconds": [("vllm:time_to_first_token_seconds", {}, {})],
+        "llm_inter_token_latency_seconds": [
+            ("vllm:time_per_output_token_seconds", {}, {}),
+            ("vllm:inter_token_latency_seconds", {}, {}),
+        ],
+        "llm_e2e_request_latency_seconds": [("vllm:e2e_request_latency_seconds", {}, {})],
+        "llm_request_prompt_tokens": [("vllm:request_prompt_tokens", {}, {})],
+        "llm_request_generation_tokens": [("vllm:request_generation_tokens", {}, {})],
+        "llm_request_params_n": [("vllm:request_params_n", {}, {})],
+    },
+    "tensorrt_llm": {
+        "llm_requests_in_flight": [("nv_trt_llm_request_metrics", {"request_type": "active"}, {})],
+        "llm_max_num_seqs": [("nv_trt_llm_request_metrics", {"request_type": "max"}, {})],
+        "llm_requests_running": [("nv_trt_llm_request_metrics", {"request_type": "scheduled"}, {})],
+        "llm_step_prefill_sequences": [("nv_trt_llm_request_metrics", {"request_type": "context"}, {})],
+        "llm_requests_waiting": [("nv_trt_llm_request_metrics", {"request_type": "waiting"}, {})],
+        "llm_kv_cache_blocks_total": [("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "max"}, {})],
+        "llm_kv_cache_blocks_free": [("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "free"}, {})],
+        "llm_kv_cache_blocks_used": [("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "used"}, {})],
+        "llm_kv_cache_block_tokens": [("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "tokens_per"}, {})],
+        "llm_kv_cache_usage_ratio": [("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "fraction"}, {})],
+        "llm_request_prompt_tokens": [("nv_llm_input_token_len", {"response_metric_type": "total_input_tokens"}, {})],
+        "llm_request_generation_tokens": [
+            ("nv_llm_output_token_len", {"response_metric_type": "total_output_tokens"}, {})
+        ],
+    },
+}
+ALIAS_BUCKETS = {
+    "nv_llm_input_token_len": [10, 50, 100, 500, 1000],
+    "nv_llm_output_token_len": [10, 50, 100, 500, 1000],
+}
+ALIAS_HELP = {
+    "nv_trt_llm_request_metrics": "TRT LLM request metrics",
+    "nv_trt_llm_kv_cache_block_metrics": "TRT LLM KV cache block metrics",
+    "nv_llm_input_token_len": "TRT LLM response metrics",
+    "nv_llm_output_token_len": "TRT LLM response metrics",
+}
+METRIC_NAMES = ("vllm", "tensorrt_llm")  # what `metric_names` may list besides ours, which are always exported
 
 
 # Not exported before their first update: the finish-reason counter exists only with labels, and an engine
@@ -113,44 +178,63 @@ class EngineMetrics:
 
 
 class TritonMetricsSink:
-    """Mirrors EngineMetrics into Triton metric families labelled with model and version."""
+    """Mirrors EngineMetrics into Triton metric families labelled with model and version, under our names and
+    those of the ALIASES dialects in `names`."""
 
-    def __init__(self, pb_utils, labels: dict[str, str]):
+    def __init__(self, pb_utils, labels: dict[str, str], names: tuple[str, ...] = METRIC_NAMES):
         self._pb = pb_utils
         self._labels = labels
+        self._aliases = {
+            ours: [alias for dialect in names for alias in ALIASES[dialect].get(ours, [])]
+            for ours in (*COUNTERS, *GAUGES, *HISTOGRAMS)
+        }
+        kinds = {
+            **dict.fromkeys(COUNTERS, pb_utils.MetricFamily.COUNTER),
+            **dict.fromkeys(GAUGES, pb_utils.MetricFamily.GAUGE),
+            **dict.fromkeys(HISTOGRAMS, pb_utils.MetricFamily.HISTOGRAM),
+        }
+        helps = {**COUNTERS, **GAUGES, **{name: help_text for name, (help_text, _) in HISTOGRAMS.items()}}
         # The families must outlive their metrics: keep references for the sink's whole life.
         self._families = {}
-        for name, help_text in COUNTERS.items():
-            self._families[name] = pb_utils.MetricFamily(name, help_text, pb_utils.MetricFamily.COUNTER)
-        for name, help_text in GAUGES.items():
-            self._families[name] = pb_utils.MetricFamily(name, help_text, pb_utils.MetricFamily.GAUGE)
-        for name, (help_text, _) in HISTOGRAMS.items():
-            self._families[name] = pb_utils.MetricFamily(name, help_text, pb_utils.MetricFamily.HISTOGRAM)
-        self._metrics: dict[tuple, object] = {}
-        for name in (*COUNTERS, *GAUGES, *HISTOGRAMS):  # exported from the start, at zero
+        for ours, kind in kinds.items():
+            for name in (ours, *(alias for alias, _, _ in self._aliases[ours])):
+                if name not in self._families:
+                    help_text = ALIAS_HELP.get(name, helps[ours])
+                    self._families[name] = pb_utils.MetricFamily(name, help_text, kind)
+        self._metrics: dict[tuple, list] = {}
+        for name in kinds:  # exported from the start, at zero
             if name not in _NOT_AT_ZERO and not name.endswith("_per_pos_total"):
                 self._metric(name, None)
 
-    def _metric(self, name: str, labels: dict | None):
+    def _metric(self, name: str, labels: dict | None) -> list:
+        """Our metric `name` with `labels` and its aliases (created at first use)."""
         key = (name, _key(labels))
-        metric = self._metrics.get(key)
-        if metric is None:
-            all_labels = {**self._labels, **{k: str(v) for k, v in (labels or {}).items()}}
-            if name in HISTOGRAMS:
-                metric = self._families[name].Metric(labels=all_labels, buckets=HISTOGRAMS[name][1])
-            else:
-                metric = self._families[name].Metric(labels=all_labels)
-            self._metrics[key] = metric
-        return metric
+        metrics = self._metrics.get(key)
+        if metrics is None:
+            labels = {k: str(v) for k, v in (labels or {}).items()}
+            targets = [(name, {}, {})] + self._aliases[name]
+            metrics = []
+            for family, added, renames in targets:
+                all_labels = {**self._labels, **{renames.get(k, k): v for k, v in labels.items()}, **added}
+                if name in HISTOGRAMS:
+                    buckets = ALIAS_BUCKETS.get(family, HISTOGRAMS[name][1])
+                    metrics.append(self._families[family].Metric(labels=all_labels, buckets=buckets))
+                else:
+                    metrics.append(self._families[family].Metric(labels=all_labels))
+            self._metrics[key] = metrics
+        return metrics
 
     def inc(self, name: str, value: float, labels: dict | None) -> None:
-        self._metric(name, labels).increment(value)
+        for metric in self._metric(name, labels):
+            metric.increment(value)
 
     def set(self, name: str, value: float) -> None:
-        self._metric(name, None).set(value)
+        for metric in self._metric(name, None):
+            metric.set(value)
 
     def observe(self, name: str, value: float) -> None:
-        self._metric(name, None).observe(value)
+        for metric in self._metric(name, None):
+            metric.observe(value)
 
     def close(self) -> None:
         """Delete this model's metrics from the server, metrics before their families (each deletion is a round

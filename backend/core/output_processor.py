@@ -125,6 +125,9 @@ class OutputProcessor:
             for seq in request.sequences:
                 self._progress.pop(seq.seq_id, None)
             self.metrics.observe("llm_e2e_request_latency_seconds", time.perf_counter() - request.arrival_time)
+            self.metrics.observe("llm_request_prompt_tokens", len(request.prompt_token_ids))
+            self.metrics.observe("llm_request_generation_tokens", sum(s.num_output_tokens for s in request.sequences))
+            self.metrics.observe("llm_request_params_n", request.params.n)
             reason = request.sequences[0].finish_reason.value if request.sequences[0].finish_reason else "abort"
             self.metrics.inc("llm_requests_finished_total", labels={"finish_reason": reason})
         prompt_logprobs = None

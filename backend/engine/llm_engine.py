@@ -106,6 +106,8 @@ class LLMEngine:
             capacity / self.max_model_len,
         )
         self.metrics.set("llm_kv_cache_blocks_total", num_blocks)
+        self.metrics.set("llm_kv_cache_block_tokens", config.block_size)
+        self.metrics.set("llm_max_num_seqs", config.max_num_seqs)
         self.metrics.set("llm_engine_alive", 1)
         self.update_gauges()
 
@@ -141,9 +143,26 @@ class LLMEngine:
             bad_ids = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad_ids:
                 raise InvalidRequest(f"{name} must be token ids below {self.vocab_size}, got {bad_ids[:8]}")
+        params = self._tokenize_words(params)
         base_seed = int(self._seed_source.integers(0, 2**62))
         grammar = self.structured.compile(params.guided_decoding)  # starts now, on the compiler's threads
         return Request(request_id, prompt, token_ids, params, base_seed=base_seed, grammar=grammar, **kwargs)
+
+    def _tokenize_words(self, params: SamplingParams) -> SamplingParams:
+        """bad_words as token sequences (each phrase as written and after a space, as vLLM bans them), word_bias
+        folded into logit_bias (each of a phrase's tokens takes its bias, as TensorRT-LLM's embedding bias)."""
+        if not (params.bad_words or params.word_bias):
+            return params
+
+        def encode(text: str) -> list[int]:
+            return self.input_tokenizer.encode(text, add_special_tokens=False)
+
+        sequences = {tuple(encode(v)) for w in params.bad_words for v in (w, " " + w.lstrip(" "))}
+        logit_bias = dict(params.logit_bias)
+        for word, bias in params.word_bias.items():
+            for token_id in encode(word):
+                logit_bias[token_id] = logit_bias.get(token_id, 0.0) + bias
+        return dataclasses.replace(params, bad_word_ids=sorted(list(s) for s in sequences if s), logit_bias=logit_bias)
 
     def _tokenize(self, prompt: str) -> list[int]:
         if not prompt:
@@ -333,6 +352,7 @@ class LLMEngine:
         self.metrics.inc("llm_engine_steps_total")
         self.metrics.observe("llm_step_num_sequences", len(sched.scheduled))
         self.metrics.observe("llm_step_num_tokens", sched.num_batched_tokens)
+        self.metrics.set("llm_step_prefill_sequences", sum(1 for s in sched.scheduled if s.is_prefill))
         if self.watchers.active or self.config.log_batch_visualization:  # no record unless someone looks
             record = step_record(
                 self.num_steps, sched, self.scheduler, self.config.max_num_batched_tokens, time.perf_counter() - started
@@ -345,6 +365,7 @@ class LLMEngine:
         bm = self.block_manager
         self.metrics.set("llm_requests_running", len(self.scheduler.running))
         self.metrics.set("llm_requests_waiting", len(self.scheduler.waiting))
+        self.metrics.set("llm_requests_in_flight", len(self.scheduler.running) + len(self.scheduler.waiting))
         self.metrics.set("llm_kv_cache_blocks_used", bm.num_used_blocks)
         self.metrics.set("llm_kv_cache_usage_ratio", bm.num_used_blocks / bm.num_blocks)
         self.metrics.set("llm_kv_cache_blocks_free", bm.num_free_blocks)

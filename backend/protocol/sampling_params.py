@@ -25,6 +25,7 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_LOGIT_BIAS = 100.0
+MAX_BAD_WORDS = 64
 
 
 @dataclass
@@ -48,6 +49,10 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's logprob and the top k
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (computed in prefill)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
+    bad_words: list[str] = field(default_factory=list)  # phrases never generated (vLLM's and TensorRT-LLM's name)
+    word_bias: dict[str, float] = field(default_factory=dict)  # phrase -> added to each of its tokens' logits
+    # Set by the engine from bad_words: the token sequences whose last token is banned after the rest.
+    bad_word_ids: list[list[int]] = field(default_factory=list)
     num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
     guided_decoding: GuidedDecoding | None = None  # an output constraint (guided_decoding.py)
 
@@ -120,6 +125,13 @@ class SamplingParams:
             raise InvalidRequest(
                 f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters each, got one of {longest}"
             )
+        for name, words in (("bad_words", self.bad_words), ("word_bias", self.word_bias)):
+            if len(words) > MAX_BAD_WORDS:
+                raise InvalidRequest(f"{name} takes at most {MAX_BAD_WORDS} phrases, got {len(words)}")
+            if any(len(w) > MAX_STOP_STRING_CHARS for w in words):
+                raise InvalidRequest(f"{name} phrases must be at most {MAX_STOP_STRING_CHARS} characters each")
+        for word, bias in self.word_bias.items():
+            in_range(f"word_bias[{word!r}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise InvalidRequest(
                 f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}"
@@ -127,13 +139,33 @@ class SamplingParams:
 
 
 def resolve_aliases(values: dict[str, Any]) -> dict[str, Any]:
-    """`stop_words` (TensorRT-LLM's name) means `stop`; within one source an explicit `stop` wins."""
+    """`stop_words` (TensorRT-LLM's name) means `stop`, where an empty string means none (TensorRT-LLM's clients
+    send `"stop_words": ""`); within one source an explicit `stop` wins."""
     if "stop_words" not in values:
         return values
     values = dict(values)
     alias = values.pop("stop_words")
-    values.setdefault("stop", alias)
+    values.setdefault("stop", _without_empty(alias))
     return values
+
+
+def _without_empty(value):
+    """A word list with its empty strings dropped (TensorRT-LLM: an empty word is no word)."""
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if v != ""]
+    return value
+
+
+def _as_words(name: str, value) -> list[str]:
+    return _as_stop(name, _without_empty(value))
+
+
+def _as_word_bias(name: str, value) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name} must be an object mapping phrases to biases, got {value!r}")
+    return {str(key): as_float(f"{name}[{key!r}]", bias) for key, bias in value.items() if key != ""}
 
 
 def _as_stop(name: str, value) -> list[str]:
@@ -184,5 +216,7 @@ _PARSERS = {
     "logprobs": _as_logprobs,
     "prompt_logprobs": _as_logprobs,
     "logit_bias": _as_logit_bias,
+    "bad_words": _as_words,
+    "word_bias": _as_word_bias,
     "num_speculative_tokens": as_int,
 }

@@ -36,6 +36,7 @@ SAMPLING_INPUTS = {
     "num_speculative_tokens": (INT32, SCALAR),
     "stop": (BYTES, VECTOR),
     "stop_words": (BYTES, VECTOR),
+    "bad_words": (BYTES, VECTOR),
     "stop_token_ids": (INT32, VECTOR),
     "ignore_eos": (BOOL, SCALAR),
 }
@@ -73,6 +74,9 @@ OUTPUTS = {
 NO_FINISH_REASON = "None"  # finish_reason of a sample's responses before its last (vLLM's backend's spelling)
 # A request parameter that makes a request a batch-view watch: the step records stream back in text_output.
 WATCH_PARAMETER = "batch_view"
+# Request parameters between our own models (backend/serving/forwarding_model.py): the id a forwarding model gives
+# its request to `llm`, and a request that cancels the forwarded request of that id.
+FORWARDED_ID, CANCEL_FORWARDED = "forwarded_id", "cancel_forwarded"
 
 # ---------------------------------------------------------------------------------------------------- errors
 INVALID_REQUEST = "invalid_request"  # the request was refused as sent; the message names the field

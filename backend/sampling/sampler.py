@@ -34,17 +34,12 @@ class Sampler:
         self.eos_token_ids = eos_token_ids
 
     def process_logits(self, logits: torch.Tensor, rows: Rows[SamplingRow]) -> torch.Tensor:
-        """Penalties, logit_bias and min_tokens on logits [R, V] (a new tensor where any applies). Verification
-        applies it too, so speculation keeps the biased distribution exact."""
+        """Penalties, logit_bias, min_tokens and bad words on logits [R, V] (a new tensor where any applies).
+        Verification applies them too, so speculation keeps the processed distribution exact."""
         repetition = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
         additive = [i for i, r in enumerate(rows) if r.params.presence_penalty or r.params.frequency_penalty]
         biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
-        banned = [
-            (i, self._banned(r))
-            for i, r in enumerate(rows)
-            if len(r.context) - r.num_prompt_tokens < r.params.min_tokens
-        ]
-        banned = [(i, ids) for i, ids in banned if ids]
+        banned = [(i, ids) for i, ids in ((i, self._banned(r)) for i, r in enumerate(rows)) if ids]
         if not (repetition or additive or biased or banned):
             return logits
         logits = logits.clone()
@@ -73,9 +68,17 @@ class Sampler:
         return logits
 
     def _banned(self, row: SamplingRow) -> list[int]:
-        """The tokens that would end a row before its min_tokens."""
+        """The tokens a row may not take next: those that would end it before its min_tokens, and the last token of
+        each bad word whose other tokens end the context (a draft prefix included, so verification bans what
+        sampling would)."""
         params = row.params
-        return sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids))
+        banned = set()
+        if len(row.context) - row.num_prompt_tokens < params.min_tokens:
+            banned = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        for word in params.bad_word_ids:
+            if len(word) == 1 or row.context[len(row.context) - len(word) + 1 :] == word[:-1]:
+                banned.add(word[-1])
+        return sorted(banned)
 
     def probs(self, logits: torch.Tensor, rows: Rows[SamplingRow]) -> torch.Tensor:
         """The distributions [R, V] sampled (temperature > 0) rows draw from: softmax at each row's temperature,

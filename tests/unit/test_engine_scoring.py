@@ -136,3 +136,30 @@ def test_bad_scoring_parameters(values, fragment):
 def test_logit_bias_ids_checked_against_the_vocabulary(make_engine):
     with pytest.raises(InvalidRequest, match="logit_bias keys must be token ids below 49152"):
         make_engine().build_request("bad", "hi", greedy(2, logit_bias={49152: 1.0}))
+
+
+@pytest.mark.parametrize("draft", ["", "ngram"])
+def test_bad_words_are_never_generated_and_speculation_agrees(make_engine, draft):
+    """The greedy output's second token, banned as a word: it never appears, and speculation (verification bans
+    it after the draft prefix) gives the same output as plain decoding."""
+    prompt = "a b c a b c a b c a b c a b c a b"
+    plain = make_engine()
+    reference = final(run(plain, [plain.build_request("p", prompt, greedy(8))])["p"]).samples[0].token_ids
+    word = plain.input_tokenizer.decode([reference[1]])
+    params = greedy(8, bad_words=[word], word_bias={"zzz": 0.5})
+    expected = final(run(plain, [plain.build_request("b", prompt, params)])["b"]).samples[0].token_ids
+    banned = {seq[-1] for seq in plain.build_request("x", prompt, params).params.bad_word_ids}
+    assert reference[1] in banned and not banned & set(expected)
+    engine = make_engine(draft_model=draft, num_speculative_tokens=3) if draft else plain
+    got = final(run(engine, [engine.build_request("b", prompt, params)])["b"]).samples[0].token_ids
+    assert got == expected
+    check_pool_empty(engine)
+
+
+def test_word_bias_adds_to_each_of_the_words_tokens(make_engine):
+    engine = make_engine()
+    params = engine.build_request("w", "hi", greedy(2, word_bias={"hello world": 2.0}, logit_bias={5: 1.0})).params
+    expected = {5: 1.0}
+    for token_id in engine.input_tokenizer.encode("hello world", add_special_tokens=False):
+        expected[token_id] = expected.get(token_id, 0.0) + 2.0
+    assert params.logit_bias == expected and len(expected) > 1

@@ -175,7 +175,7 @@ class FakePbUtils:
 
 def test_triton_sink_families_and_initial_metrics():
     pb = FakePbUtils()
-    TritonMetricsSink(pb, {"model": "llm", "version": "1"})
+    TritonMetricsSink(pb, {"model": "llm", "version": "1"}, names=())
     assert set(pb.families) == set(COUNTERS) | set(GAUGES) | set(HISTOGRAMS)
     for name in COUNTERS:
         assert pb.families[name].kind == "counter" and pb.families[name].description == COUNTERS[name]
@@ -191,6 +191,42 @@ def test_triton_sink_families_and_initial_metrics():
         assert len(family.metrics) == (0 if late else 1), name
         for metric in family.metrics:
             assert metric.labels == {"model": "llm", "version": "1"} and metric.value == 0
+
+
+def test_the_same_numbers_under_vllms_and_tensorrt_llms_names():
+    """Every update of one of our metrics reaches its aliases: vLLM's names (a label renamed where vLLM names it
+    otherwise) and TensorRT-LLM's families (one label telling the series apart, its own histogram buckets)."""
+    pb = FakePbUtils()
+    sink = TritonMetricsSink(pb, {"model": "llm", "version": "1"})
+    sink.inc("llm_generation_tokens_total", 5, None)
+    sink.inc("llm_requests_finished_total", 1, {"finish_reason": "stop"})
+    sink.set("llm_kv_cache_blocks_used", 7)
+    sink.set("llm_requests_waiting", 3)
+    sink.observe("llm_request_prompt_tokens", 42)
+    assert pb.families["vllm:generation_tokens_total"].kind == "counter"
+    assert pb.families["vllm:generation_tokens_total"].metrics[0].value == 5
+    (success,) = pb.families["vllm:request_success_total"].metrics
+    assert success.labels == {"model": "llm", "version": "1", "finished_reason": "stop"} and success.value == 1
+    used = [
+        m
+        for m in pb.families["nv_trt_llm_kv_cache_block_metrics"].metrics
+        if m.labels.get("kv_cache_block_type") == "used"
+    ]
+    assert [m.value for m in used] == [7]
+    waiting = {m.labels["request_type"]: m.value for m in pb.families["nv_trt_llm_request_metrics"].metrics}
+    assert waiting["waiting"] == 3 and set(waiting) == {"active", "max", "scheduled", "context", "waiting"}
+    assert pb.families["vllm:num_requests_waiting"].metrics[0].value == 3
+    (trt_input,) = pb.families["nv_llm_input_token_len"].metrics
+    assert trt_input.buckets == [10, 50, 100, 500, 1000] and trt_input.observed == [42]
+    assert pb.families["vllm:request_prompt_tokens"].metrics[0].observed == [42]
+    assert pb.families["vllm:request_prompt_tokens"].metrics[0].buckets == HISTOGRAMS["llm_request_prompt_tokens"][1]
+
+
+def test_metric_names_choose_the_dialects():
+    pb = FakePbUtils()
+    TritonMetricsSink(pb, {"model": "llm", "version": "1"}, names=("vllm",))
+    assert any(name.startswith("vllm:") for name in pb.families)
+    assert not any(name.startswith("nv_") for name in pb.families)
 
 
 def test_triton_sink_mirrors_engine_metrics():

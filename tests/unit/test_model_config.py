@@ -38,10 +38,16 @@ def test_write_model_repository_writes_one_model_per_variant(tmp_path):
     (source / "1").mkdir(parents=True)
     (source / "1" / "model.py").write_text("# model\n")
     (source / "config.pbtxt").write_text(CONFIG)
+    forwarding = tmp_path / "src" / "ensemble"
+    (forwarding / "1").mkdir(parents=True)
+    (forwarding / "1" / "model.py").write_text("# forwarding\n")
+    (forwarding / "config.pbtxt").write_text('name: "ensemble"\n')
     root = write_model_repository(
         tmp_path / "repo", {"llm": {}, "llm_fp32": {"dtype": "float32", "max_num_seqs": 4}}, source
     )
-    assert sorted(p.name for p in root.iterdir()) == ["llm", "llm_fp32"]
+    assert sorted(p.name for p in root.iterdir()) == ["ensemble", "llm", "llm_fp32"]
+    assert (root / "ensemble" / "1" / "model.py").read_text() == "# forwarding\n"
+    assert (root / "ensemble" / "config.pbtxt").read_text() == 'name: "ensemble"\n'
     model = str((tmp_path / "models" / "m").resolve())
     for name, dtype in (("llm", "auto"), ("llm_fp32", "float32")):
         text = (root / name / "config.pbtxt").read_text()

@@ -233,6 +233,35 @@ def test_min_tokens_with_ignore_eos_bans_only_stop_ids(sampler):
     assert out[EOS] == 10.0 and out[4] == float("-inf")
 
 
+# ---------------------------------------------------------------------------------------- bad words
+
+
+def test_a_one_token_bad_word_is_never_taken(sampler):
+    logits = torch.tensor([0.0, 0.0, 0.0, 0.0, 9.0, 5.0, 0.0, 0.0])
+    seq = seq_with(output=(1,), bad_word_ids=[[4]], temperature=0.0)
+    assert sampler.process_logits(logits, seq, seq.token_ids)[4] == float("-inf")
+    assert sampler.sample(logits, seq) == 5
+
+
+def test_a_longer_bad_word_bans_its_last_token_only_after_the_rest(sampler):
+    logits = torch.tensor([0.0, 0.0, 0.0, 0.0, 9.0, 5.0, 0.0, 0.0])
+    seq = seq_with(prompt=(0,), output=(6, 3), bad_word_ids=[[6, 3, 4]])
+    assert sampler.process_logits(logits, seq, [0, 6, 3])[4] == float("-inf")
+    assert sampler.process_logits(logits, seq, [0, 3, 3])[4] == 9.0  # the word's other tokens not all there
+    assert sampler.process_logits(logits, seq, [3])[4] == 9.0  # a context shorter than the word's prefix
+
+
+def test_verification_rows_ban_after_their_draft_prefix(sampler):
+    """A draft row's context holds the drafts before it, so a bad word completed by a draft token is banned at
+    the next position, as plain sampling would ban it."""
+    logits = torch.zeros(VOCAB)
+    seq = seq_with(prompt=(0,), bad_word_ids=[[5, 4]])
+    row = seq.sampling_row(drafts=[5])
+    assert row.context[-1] == 5
+    out = sampler.batched.process_logits(logits[None], [row])[0]
+    assert out[4] == float("-inf")
+
+
 # ---------------------------------------------------------------------------------------- randomness
 
 

@@ -171,3 +171,24 @@ def test_valid_values_round_trip(temperature, top_p, top_k, max_tokens, as_strin
     params = SamplingParams.from_dict(raw)
     assert math.isclose(params.temperature, temperature) and math.isclose(params.top_p, top_p)
     assert params.top_k == top_k and params.max_tokens == max_tokens
+
+
+def test_bad_words_and_word_bias():
+    params = SamplingParams.from_dict({"bad_words": ["foo", "", "bar baz"], "word_bias": {"good": "1.5", "": 3}})
+    assert params.bad_words == ["foo", "bar baz"]  # an empty phrase is no phrase (TensorRT-LLM's "")
+    assert params.word_bias == {"good": 1.5}
+    assert SamplingParams.from_dict({"bad_words": ""}).bad_words == []
+    with pytest.raises(InvalidRequest, match="bad_words takes at most 64"):
+        SamplingParams.from_dict({"bad_words": ["w"] * 65})
+    with pytest.raises(InvalidRequest, match="word_bias"):
+        SamplingParams.from_dict({"word_bias": {"x": 1000}})
+    with pytest.raises(InvalidRequest, match="bad_words must be a string or a list of strings"):
+        SamplingParams.from_dict({"bad_words": [1]})
+
+
+def test_an_empty_stop_words_string_means_none():
+    """TensorRT-LLM's clients send `"stop_words": ""`; `stop` (vLLM's name) still refuses an empty string."""
+    assert SamplingParams.from_dict({"stop_words": ""}).stop == []
+    assert SamplingParams.from_dict({"stop_words": ["", "end"]}).stop == ["end"]
+    with pytest.raises(InvalidRequest, match="must not be empty"):
+        SamplingParams.from_dict({"stop": [""]})

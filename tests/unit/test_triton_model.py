@@ -104,7 +104,7 @@ class FakeSender:
         self.pb, self.responses, self.done = pb, [], threading.Event()
 
     def send(self, response=None, flags=0):
-        self.pb.trip("send")
+        self.pb.trip("send final" if flags & self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL else "send")
         self.responses.append(response)
         if flags:
             self.done.set()
@@ -179,10 +179,17 @@ def test_initialize_makes_every_round_trip_on_its_own_thread_and_starts_no_publi
         model.execute([request])
         wait(request.sender.done, "the request's final response")
         assert model.metrics_publisher.running, "execute did not start the metrics thread"
+        # After execute: the publishing thread, and the sender, which publishes what is pending before a final
+        # response (so the request is counted when its client could scrape).
+        publishers = {"llm-metrics", "llm-output-sender"}
         deadline = time.monotonic() + 10
-        while not any(t == "llm-metrics" for _, t in pb.trips[len(during) :]) and time.monotonic() < deadline:
+        while not any(t in publishers for _, t in pb.trips[len(during) :]) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert any(t == "llm-metrics" for _, t in pb.trips[len(during) :]), "nothing published after execute"
+        assert any(t in publishers for _, t in pb.trips[len(during) :]), "nothing published after execute"
+        final = next(i for i, (what, _) in enumerate(pb.trips) if what.startswith("send") and "final" in what)
+        assert any(t == "llm-output-sender" and w.startswith("metric") for w, t in pb.trips[len(during) : final]), (
+            "the final response went out before the request's counts were published"
+        )
         assert all(r.error is None for r in request.sender.responses)
     finally:
         model.finalize()

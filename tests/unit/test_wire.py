@@ -36,7 +36,7 @@ def test_outputs_match_the_model_config():
 
 
 def test_input_groups():
-    assert set(wire.LIST_INPUTS) == {"input_ids", "stop", "stop_words", "stop_token_ids"}
+    assert set(wire.LIST_INPUTS) == {"input_ids", "stop", "stop_words", "bad_words", "stop_token_ids"}
     assert all(f"return_{name}" in wire.INPUTS for name in wire.OPTIONAL_OUTPUTS)
     assert set(wire.OPTIONAL_OUTPUTS) <= set(wire.OUTPUTS)
     assert len(set(wire.INPUT_NAMES)) == len(wire.INPUT_NAMES)

@@ -23,6 +23,7 @@ from backend.engine.loop import EngineLoop, EngineStopped, ServerBusy, load_engi
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INPUT_NAMES, error_text
 from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
+from backend.serving.forwarded import ForwardedRequests, split_parameters
 from backend.serving.request_inputs import parse_request
 from backend.serving.response_tensors import TokenTexts, response_arrays
 
@@ -53,12 +54,15 @@ class TritonPythonModel:
         # That thread starts with the first request, after `initialize` has returned: until then every round
         # trip is made here, on this thread, one at a time (docs/engine.md, "Start and stop").
         self.metrics_publisher = PeriodicPublisher(
-            TritonMetricsSink(pb_utils, {"model": self.model_name, "version": args["model_version"]})
+            TritonMetricsSink(
+                pb_utils, {"model": self.model_name, "version": args["model_version"]}, config.metric_dialects
+            )
         )
         self.engine.metrics.add_sink(self.metrics_publisher)
         self.metrics_publisher.publish()  # the gauges (llm_engine_alive 1 among them) are right once READY
         self.loop = EngineLoop(self.engine, on_death=self._stop_reporting_ready).start()
         self.token_texts = TokenTexts(self.engine.tokenizer)  # decoded_token of the logprobs output
+        self.forwarded = ForwardedRequests()  # requests from the TensorRT-LLM contract's models
 
     def _stop_reporting_ready(self, failure: str) -> None:
         """The engine thread died (every request in flight has its error queued for sending): unload the model, so
@@ -89,34 +93,59 @@ class TritonPythonModel:
             if is_watch_request(request.parameters()):
                 self._watch(sender)
                 continue
+            forwarded_id, cancel_id, parameters = split_parameters(request.parameters())
+            if cancel_id is not None:
+                self.forwarded.cancel(cancel_id)
+                sender.send(flags=FINAL)
+                continue
             try:
-                self._submit(request, sender)
+                self._submit(request, sender, parameters, forwarded_id)
             except (InvalidRequest, ServerBusy, EngineStopped) as exc:
                 sender.send(
                     pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(str(exc), exc.kind))), flags=FINAL
                 )
         return None
 
-    def _submit(self, request, sender):
+    def _submit(self, request, sender, parameters: str, forwarded_id: str | None):
         tensors = {}
         for name in INPUT_NAMES:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
-        parsed = parse_request(tensors, request.parameters(), self.engine.config.max_n, self.engine.max_model_len)
-        writer = _ResponseWriter(sender, parsed.outputs, self.token_texts)
+        parsed = parse_request(tensors, parameters, self.engine.config.max_n, self.engine.max_model_len)
+        writer = _ResponseWriter(sender, parsed.outputs, self.token_texts, self._publish_metrics)
+        is_cancelled = sender.is_cancelled
+        if forwarded_id is not None:
+
+            def is_cancelled():
+                return self.forwarded.is_cancelled(forwarded_id) or sender.is_cancelled()
+
         engine_request = self.engine.build_request(
             uuid.uuid4().hex,
             parsed.prompt,
             parsed.params,
             stream=parsed.stream,
             on_output=writer.send,
-            is_cancelled=sender.is_cancelled,
+            is_cancelled=is_cancelled,
         )
         # non-streaming: the prompt (as text, also for input_ids) comes first unless excluded
         writer.prompt_prefix = "" if parsed.exclude_input_in_output else engine_request.prompt
         engine_request.tracks_cumulative_logprob = "cumulative_logprob" in parsed.outputs
-        self.loop.submit(engine_request)
+        if forwarded_id is not None:
+            self.forwarded.track(forwarded_id)
+            writer.on_final = lambda: self.forwarded.done(forwarded_id)
+        try:
+            self.loop.submit(engine_request)
+        except (ServerBusy, EngineStopped):
+            if forwarded_id is not None:
+                self.forwarded.done(forwarded_id)
+            raise
+
+    def _publish_metrics(self) -> None:
+        """Everything the engine has counted, on the metrics page now: a client that scrapes right after its last
+        response finds its request fully counted (the publishing thread would get there within 100 ms)."""
+        self.engine.metrics.flush()
+        self.metrics_publisher.publish()
 
     def _watch(self, sender):
         """A batch view watch (`"batch_view": true`): the engine's step records stream back as JSON in
@@ -159,28 +188,36 @@ def exit_stub_process() -> None:
 class _ResponseWriter:
     """Turns engine outputs into Triton responses for one request."""
 
-    def __init__(self, sender, outputs: frozenset, token_texts: TokenTexts):
+    def __init__(self, sender, outputs: frozenset, token_texts: TokenTexts, before_final):
         self.sender = sender
+        self.before_final = before_final  # called before the final response is sent
         self.prompt_prefix = ""
         self.outputs = outputs  # the additional outputs asked for
         self.token_texts = token_texts
+        self.on_final = None  # called once the final response is sent
 
     def send(self, output: RequestOutput):
         if output.error is not None:
-            self.sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(output.error))), flags=FINAL
-            )
-            return
-        if not output.samples:  # finished with nothing new to say
-            self.sender.send(flags=FINAL)
-            return
-        if output.request.stream:
+            self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(output.error))), FINAL)
+        elif not output.samples:  # finished with nothing new to say
+            self._send(None, FINAL)
+        elif output.request.stream:
             for i, sample in enumerate(output.samples):
                 last = output.finished and i == len(output.samples) - 1
-                self.sender.send(self._response([sample], output), flags=FINAL if last else 0)
+                self._send(self._response([sample], output), FINAL if last else 0)
                 output = dataclasses.replace(output, prompt_logprobs=None)  # sent once, with the first sample
         else:
-            self.sender.send(self._response(output.samples, output), flags=FINAL)
+            self._send(self._response(output.samples, output), FINAL)
+
+    def _send(self, response, flags: int):
+        if flags == FINAL:
+            self.before_final()
+        if response is None:
+            self.sender.send(flags=flags)
+        else:
+            self.sender.send(response, flags=flags)
+        if flags == FINAL and self.on_final is not None:
+            self.on_final()
 
     def _response(self, samples, output: RequestOutput):
         prefix = "" if output.request.stream else self.prompt_prefix
