@@ -73,6 +73,7 @@ class OutputProcessor:
         else:
             self.metrics.observe("llm_inter_token_latency_seconds", now - progress.last_token_time)
         progress.last_token_time = now
+        seq.request.stats.token()
         self.metrics.inc("llm_generation_tokens_total")
         if _tracks_cumulative(seq):
             entry = self.sampler.logprobs(logits, token_id, params.logprobs or 0)

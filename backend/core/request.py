@@ -150,6 +150,40 @@ def _never_cancelled() -> bool:
 
 
 @dataclass
+class RequestStats:
+    """What one request cost and when (TensorRT-LLM's perf outputs): wall-clock times in ns since the epoch,
+    its first sample's KV blocks, its speculation. Written by the engine thread as the request runs."""
+
+    arrival_ns: int = field(default_factory=time.time_ns)
+    first_scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    blocks_reused: int = 0  # KV blocks of the prompt found in the prefix cache
+    blocks_total: int = 0  # the most KV blocks the first sample held (reused ones included)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def token(self) -> None:
+        self.last_token_ns = time.time_ns()
+        self.first_token_ns = self.first_token_ns or self.last_token_ns
+
+    def as_dict(self) -> dict[str, float]:
+        """TensorRT-LLM's names: kv_cache_alloc_new_blocks is the blocks allocated, not reused."""
+        return {
+            "kv_cache_alloc_new_blocks": self.blocks_total - self.blocks_reused,
+            "kv_cache_reused_blocks": self.blocks_reused,
+            "kv_cache_alloc_total_blocks": self.blocks_total,
+            "arrival_time_ns": self.arrival_ns,
+            "first_scheduled_time_ns": self.first_scheduled_ns,
+            "first_token_time_ns": self.first_token_ns,
+            "last_token_time_ns": self.last_token_ns,
+            "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            "total_accepted_draft_tokens": self.accepted_tokens,
+            "total_draft_tokens": self.draft_tokens,
+        }
+
+
+@dataclass
 class Request:
     """A client request: a prompt, its parameters, and where its outputs go."""
 
@@ -171,6 +205,7 @@ class Request:
     # prefill chunks are computed (such a request bypasses the prefix cache: cached blocks have no logits)
     prompt_logprobs: list[dict | None] | None = None
     prompt_logprobs_sent: bool = False
+    stats: RequestStats = field(default_factory=RequestStats)
 
     def __post_init__(self):
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

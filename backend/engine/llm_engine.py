@@ -244,6 +244,9 @@ class LLMEngine:
             self.metrics.inc("llm_requests_preempted_total", len(sched.preempted))
         if sched.scheduled:
             self.num_steps += 1
+            now = time.time_ns()
+            for item in sched.scheduled:
+                item.seq.request.stats.first_scheduled_ns = item.seq.request.stats.first_scheduled_ns or now
             try:
                 self._run(sched)
             except Exception as exc:  # fail this step's requests, keep serving the others
@@ -353,6 +356,11 @@ class LLMEngine:
         self.metrics.observe("llm_step_num_sequences", len(sched.scheduled))
         self.metrics.observe("llm_step_num_tokens", sched.num_batched_tokens)
         self.metrics.set("llm_step_prefill_sequences", sum(1 for s in sched.scheduled if s.is_prefill))
+        for item in sched.scheduled:
+            stats, seq = item.seq.request.stats, item.seq
+            if seq is seq.request.sequences[0]:
+                stats.blocks_total = max(stats.blocks_total, len(seq.block_table))
+                stats.blocks_reused = seq.num_cached_prompt_tokens // self.config.block_size
         if self.watchers.active or self.config.log_batch_visualization:  # no record unless someone looks
             record = step_record(
                 self.num_steps, sched, self.scheduler, self.config.max_num_batched_tokens, time.perf_counter() - started

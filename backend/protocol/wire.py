@@ -48,6 +48,7 @@ OPTIONAL_OUTPUTS = (
     "num_input_tokens",
     "num_output_tokens",
     "prompt_logprobs",
+    "perf_metrics",
 )
 FLAG_NAMES = ("stream", "exclude_input_in_output") + tuple(f"return_{name}" for name in OPTIONAL_OUTPUTS)
 INPUTS = {
@@ -70,6 +71,7 @@ OUTPUTS = {
     "cumulative_logprob": (FP32, VECTOR),
     "logprobs": (BYTES, VECTOR),
     "prompt_logprobs": (BYTES, SCALAR),
+    "perf_metrics": (BYTES, SCALAR),
 }
 NO_FINISH_REASON = "None"  # finish_reason of a sample's responses before its last (vLLM's backend's spelling)
 # A request parameter that makes a request a batch-view watch: the step records stream back in text_output.

@@ -24,7 +24,15 @@ from backend.protocol.wire import CANCEL_FORWARDED, FORWARDED_ID, INVALID_REQUES
 from backend.serving import trtllm_contract as contract
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-LLM_OUTPUTS = ["text_output", "sample_index", "logprobs", "cumulative_logprob", "num_input_tokens", "num_output_tokens"]
+LLM_OUTPUTS = [
+    "text_output",
+    "sample_index",
+    "logprobs",
+    "cumulative_logprob",
+    "num_input_tokens",
+    "num_output_tokens",
+    "perf_metrics",
+]
 
 
 class TritonPythonModel:

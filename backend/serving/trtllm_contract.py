@@ -87,15 +87,31 @@ INPUTS = {
     "image_url_input": (BYTES, [1]),
     "video_bytes_input": ("UINT8", [-1, -1, -1, -1]),
 }
+# return_perf_metrics: the request's cost and times so far, each [1, 1] on every response (from `llm`'s
+# perf_metrics output, backend/core/request.py RequestStats).
+PERF_OUTPUTS = {
+    "kv_cache_alloc_new_blocks": INT32,
+    "kv_cache_reused_blocks": INT32,
+    "kv_cache_alloc_total_blocks": INT32,
+    "arrival_time_ns": INT64,
+    "first_scheduled_time_ns": INT64,
+    "first_token_time_ns": INT64,
+    "last_token_time_ns": INT64,
+    "acceptance_rate": FP32,
+    "total_accepted_draft_tokens": INT32,
+    "total_draft_tokens": INT32,
+}
 OUTPUTS = {
     "text_output": (BYTES, [-1]),
     "cum_log_probs": (FP32, [-1]),
     "output_log_probs": (FP32, [-1, -1]),
     "batch_index": (INT32, [1]),
     "sequence_index": (INT32, [1]),
+    **{name: (dtype, [1]) for name, dtype in PERF_OUTPUTS.items()},
     "num_input_tokens": (INT32, [1]),
     "num_output_tokens": (INT32, [1]),
 }
+_NUMPY = {INT32: np.int32, INT64: np.int64, FP32: np.float32}
 
 
 @dataclass
@@ -117,6 +133,7 @@ class ItemRequest:
             "return_cumulative_logprob": "cum_log_probs" in self.outputs,
             "return_num_input_tokens": "num_input_tokens" in self.outputs,
             "return_num_output_tokens": "num_output_tokens" in self.outputs,
+            "return_perf_metrics": "total_draft_tokens" in self.outputs,
         }
 
 
@@ -177,7 +194,7 @@ def item_request(tensors: dict[str, np.ndarray], b: int) -> ItemRequest:
         if name in tensors and _item(name, tensors[name], b).size:
             raise InvalidRequest(f"{name} is not supported: {reason}")
     flags = {name: as_bool(name, _scalar(name, tensors[name], b)) for name in FLAGS if name in tensors}
-    for name in ("return_context_logits", "return_generation_logits", "return_perf_metrics"):
+    for name in ("return_context_logits", "return_generation_logits"):
         if flags.get(name):
             raise InvalidRequest(f"{name} is not supported yet by this server; send it false or leave it out")
     sampling: dict[str, Any] = {}
@@ -212,7 +229,7 @@ def item_request(tensors: dict[str, np.ndarray], b: int) -> ItemRequest:
             sampling[name] = _words(name, tensors[name], b)
     sampling.update(_embedding_bias(tensors, b))
     sampling.update(_guide(tensors, b))
-    outputs = set()
+    outputs = set(PERF_OUTPUTS) if flags.get("return_perf_metrics") else set()
     if flags.get("return_log_probs"):
         outputs |= {"cum_log_probs", "output_log_probs"}
         sampling["logprobs"] = 0
@@ -301,6 +318,9 @@ def response_outputs(
             arrays["num_input_tokens"] = llm_outputs["num_input_tokens"].reshape(1, 1).astype(np.int32)
         if "num_output_tokens" in item.outputs and counts is not None:
             arrays["num_output_tokens"] = np.array([[counts.reshape(-1)[i]]], np.int32)
+        if "total_draft_tokens" in item.outputs and "perf_metrics" in llm_outputs:
+            perf = json.loads(llm_outputs["perf_metrics"].reshape(-1)[0])
+            arrays.update((name, np.array([[perf[name]]], _NUMPY[dtype])) for name, dtype in PERF_OUTPUTS.items())
         out.append(arrays)
     return out
 

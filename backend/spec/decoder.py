@@ -112,6 +112,8 @@ class SpeculativeDecoder:
         seq.spec_token_ids = []
         self.block_manager.trim(seq)
         self.block_manager.commit(seq)
+        seq.request.stats.draft_tokens += len(drafts)
+        seq.request.stats.accepted_tokens += result.num_accepted
         self.metrics.inc("llm_spec_decode_num_drafts_total")
         self.metrics.inc("llm_spec_decode_num_draft_tokens_total", len(drafts))
         self.metrics.inc("llm_spec_decode_num_accepted_tokens_total", result.num_accepted)

@@ -222,6 +222,7 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
         ({"text_input": PROMPT, "max_tokens": 4, "beam_width": 2}, "beam search is not supported"),
         ({"text_input": PROMPT}, "max_tokens is required"),
         ({"text_input": PROMPT, "max_tokens": 4, "return_generation_logits": True}, "not supported yet"),
+        ({"text_input": PROMPT, "max_tokens": 4, "lora_task_id": 5}, "LoRA adapters are not supported"),
         ({"text_input": PROMPT, "max_tokens": 4, "embedding_bias_words": ["a"]}, "send both or neither"),
         ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens must be between 1"),
     ):
@@ -262,3 +263,28 @@ def test_a_cancelled_stream_cancels_its_llm_request(server):
     client.stop_stream(cancel_requests=True)
     client.close()
     server.wait_idle("llm", timeout_s=30)
+
+
+@pytest.mark.parametrize("model", [STREAMING, UNARY])
+def test_perf_metrics_time_the_request_and_count_reused_blocks(server, model):
+    """The ten perf outputs, read off generate's JSON as TensorRT-LLM's CI reads them: times in order, and a second
+    request with the same long prompt reuses its cached KV blocks."""
+    prompt = f"{model}: " + " ".join(f"word{i}" for i in range(40))
+    body = {"text_input": prompt, "max_tokens": 4, "return_perf_metrics": True}
+    (first,), (second,) = generate(server, model, body)[1], generate(server, model, body)[1]
+    for answer in (first, second):
+        assert answer["arrival_time_ns"] <= answer["first_scheduled_time_ns"] <= answer["first_token_time_ns"]
+        assert answer["first_token_time_ns"] <= answer["last_token_time_ns"]
+        total, reused = answer["kv_cache_alloc_total_blocks"], answer["kv_cache_reused_blocks"]
+        assert answer["kv_cache_alloc_new_blocks"] == total - reused and total > 0
+        assert answer["acceptance_rate"] == 0.0 and answer["total_draft_tokens"] == 0  # `llm` does not speculate
+    assert first["kv_cache_reused_blocks"] == 0 and second["kv_cache_reused_blocks"] >= 3
+    if model == STREAMING:
+        values = arrays(text_input=prompt, max_tokens=3, stream=True, return_perf_metrics=True)
+        responses = grpc_stream(server, model, values, outputs=("text_output", "last_token_time_ns"))
+        times = [int(r.as_numpy("last_token_time_ns")[0][0]) for r in responses]
+        assert (
+            len(times) == 3
+            and times == sorted(times)
+            and all(r.as_numpy("last_token_time_ns").shape == (1, 1) for r in responses)
+        )

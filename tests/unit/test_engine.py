@@ -310,3 +310,24 @@ def test_every_step_runs_on_the_engines_threads(make_engine, monkeypatch):
     finally:
         torch.set_num_threads(saved)
     assert {n for n, _ in used} >= {1, 3} and {threads for _, threads in used} == {3}
+
+
+def test_request_stats_time_the_request_and_count_its_blocks(make_engine):
+    """The perf figures a request reports (TensorRT-LLM's return_perf_metrics): times in order, blocks counted,
+    the prefix cache's blocks counted as reused when the same prompt comes again, speculation's tokens counted."""
+    engine = make_engine(draft_model="self", draft_dtype="float32", num_speculative_tokens=3)
+    prompt = PROMPTS[3] + " a b c a b c a b c a b c"
+    first = engine.build_request("s1", prompt, greedy(8))
+    run(engine, [first])
+    stats = first.stats
+    assert stats.arrival_ns <= stats.first_scheduled_ns <= stats.first_token_ns <= stats.last_token_ns
+    blocks = -(-(len(first.prompt_token_ids) + 8) // 4)
+    assert stats.blocks_reused == 0 and blocks - 1 <= stats.blocks_total <= blocks + 1
+    assert stats.draft_tokens > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
+    again = engine.build_request("s2", prompt, greedy(8))
+    run(engine, [again])
+    assert again.stats.blocks_reused == len(first.prompt_token_ids) // 4 - (len(first.prompt_token_ids) % 4 == 0)
+    perf = again.stats.as_dict()
+    assert perf["kv_cache_alloc_new_blocks"] == perf["kv_cache_alloc_total_blocks"] - perf["kv_cache_reused_blocks"]
+    assert perf["acceptance_rate"] == again.stats.accepted_tokens / again.stats.draft_tokens
+    check_pool_empty(engine)

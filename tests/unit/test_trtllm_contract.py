@@ -99,6 +99,7 @@ def test_every_sampling_input_maps_to_its_parameter():
         "return_cumulative_logprob": True,
         "return_num_input_tokens": True,
         "return_num_output_tokens": True,
+        "return_perf_metrics": False,
     }
 
 
@@ -138,7 +139,6 @@ def test_a_batch_of_prompts_gives_one_item_each():
             {"text_input": "hi", "max_tokens": 4, "return_context_logits": True},
             "return_context_logits is not supported",
         ),
-        ({"text_input": "hi", "max_tokens": 4, "return_perf_metrics": True}, "return_perf_metrics is not supported"),
         ({"text_input": "hi", "max_tokens": 4, "end_id": -1}, "end_id must be a token id"),
         ({"text_input": "hi", "max_tokens": 4, "pad_id": -1}, "pad_id must be a token id"),
         ({"text_input": "hi", "max_tokens": 4, "embedding_bias_words": ["a"]}, "send both or neither"),
@@ -197,6 +197,18 @@ def test_responses_carry_the_indexes_and_log_probs():
     assert first["cum_log_probs"].tolist() == [[-1.5]]
     assert first["num_input_tokens"].tolist() == [[3]] and first["num_input_tokens"].dtype == np.int32
     assert second["num_output_tokens"].tolist() == [[1]]
+
+
+def test_perf_metrics_become_tensorrt_llms_ten_outputs():
+    item = contract.item_request(tensors(text_input="hi", max_tokens=2, return_perf_metrics=True), 0)
+    assert item.llm_flags()["return_perf_metrics"]
+    perf = {name: 7 for name in contract.PERF_OUTPUTS} | {"acceptance_rate": 0.5, "arrival_time_ns": 2**62}
+    llm = {"text_output": np.array([b"x"], dtype=object), "perf_metrics": np.array([json.dumps(perf).encode()], object)}
+    (only,) = contract.response_outputs(llm, item, batch_index=None)
+    assert set(only) == {"text_output", *contract.PERF_OUTPUTS}
+    for name, dtype in contract.PERF_OUTPUTS.items():
+        assert only[name].shape == (1, 1) and only[name].dtype == NUMPY.get(dtype, np.int64)
+    assert only["arrival_time_ns"].tolist() == [[2**62]] and only["acceptance_rate"].tolist() == [[0.5]]
 
 
 def test_a_single_answer_has_no_indexes():
