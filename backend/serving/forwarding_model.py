@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -24,6 +25,7 @@ from backend.protocol.wire import CANCEL_FORWARDED, FORWARDED_ID, INVALID_REQUES
 from backend.serving import trtllm_contract as contract
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_CHECK_S = 0.1  # as `llm`'s own sweep (backend/engine/output_sender.py)
 LLM_OUTPUTS = [
     "text_output",
     "sample_index",
@@ -92,10 +94,14 @@ class _Forwarding:
         forwarded_id = uuid.uuid4().hex
         try:
             responses = self._llm_request(item, forwarded_id).exec(decoupled=True)
+            checked = time.monotonic()
             for response in responses:
-                if self.sender.is_cancelled():
-                    self._cancel(forwarded_id)
-                    break
+                # is_cancelled() is a round trip to the server: asked every CANCEL_CHECK_S, not per token
+                if time.monotonic() - checked >= CANCEL_CHECK_S:
+                    checked = time.monotonic()
+                    if self.sender.is_cancelled():
+                        self._cancel(forwarded_id)
+                        break
                 if response.has_error():
                     self._send(_error(response.error().message()))
                     break

@@ -174,8 +174,9 @@ def test_an_llm_error_reaches_the_client(make_model):
     assert sender.sent[0][0].error().message() == "[server_busy] full" and sender.sent[-1][1] == FINAL
 
 
-def test_a_cancelled_client_cancels_its_llm_request(make_model):
+def test_a_cancelled_client_cancels_its_llm_request(make_model, monkeypatch):
     model, pb = make_model(decoupled=True)
+    monkeypatch.setattr(sys.modules["backend.serving.forwarding_model"], "CANCEL_CHECK_S", 0.0)  # ask at once
     sender = Sender(cancelled=True)
     model.execute([Request(sender, text_input=np.array([[b"hi"]], dtype=object), max_tokens=np.array([[2]], np.int32))])
     assert sender.done.wait(10)
