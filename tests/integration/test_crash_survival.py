@@ -33,7 +33,8 @@ DEATH_MARKER = "<<KILL THE ENGINE>>"
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    """`llm-serve` on free ports over a one-model repository; yields (process, ports, output)."""
+    """`llm-serve` on free ports over a one-engine repository (`llm` and the forwarding models beside it); yields
+    (process, ports, output)."""
     tmp_path = tmp_path_factory.mktemp("supervised")
     repository = write_model_repository(
         tmp_path / "repository",
@@ -126,8 +127,9 @@ def test_launch_serves_again_after_the_python_stub_is_killed(launch):
     proc, (http_port, grpc_port, _), output = launch
     wait_ready(http_port, proc, RECOVERY_LIMIT_S, output)
     server_pid = next(c.pid for c in psutil.Process(proc.pid).children() if "tritonserver" in c.name())
-    ((stub_pid, name),) = stub_processes(server_pid).items()
-    assert name == "llm_0_0"
+    stubs = {name: pid for pid, name in stub_processes(server_pid).items()}
+    assert set(stubs) == {"llm_0_0", "ensemble_0_0", "tensorrt_llm_bls_0_0"}  # TensorRT-LLM's names forward to llm
+    stub_pid = stubs["llm_0_0"]
     in_flight = stream_grpc(
         "Write a long story about a lighthouse.",
         f"127.0.0.1:{grpc_port}",
