@@ -124,6 +124,10 @@ class ItemRequest:
     exclude_input_in_output: bool = False
     outputs: set[str] = field(default_factory=set)  # TensorRT-LLM outputs to send besides text_output
 
+    @property
+    def wants_perf_metrics(self) -> bool:
+        return set(PERF_OUTPUTS) <= self.outputs
+
     def llm_flags(self) -> dict[str, bool]:
         """The BOOL inputs of the `llm` request: the return_* flags our outputs are made from."""
         return {
@@ -133,7 +137,7 @@ class ItemRequest:
             "return_cumulative_logprob": "cum_log_probs" in self.outputs,
             "return_num_input_tokens": "num_input_tokens" in self.outputs,
             "return_num_output_tokens": "num_output_tokens" in self.outputs,
-            "return_perf_metrics": "total_draft_tokens" in self.outputs,
+            "return_perf_metrics": self.wants_perf_metrics,
         }
 
 
@@ -158,6 +162,11 @@ def _scalar(name: str, array: np.ndarray, b: int) -> Any:
         except UnicodeDecodeError:
             raise InvalidRequest(f"{name} must be UTF-8 text") from None
     return value.item() if hasattr(value, "item") else value
+
+
+def _scalar_or(tensors: dict[str, np.ndarray], name: str, b: int, default: Any) -> Any:
+    """Batch item b of input `name`, or `default` where the request leaves it out."""
+    return _scalar(name, tensors[name], b) if name in tensors else default
 
 
 def _words(name: str, array: np.ndarray, b: int) -> list[str]:
@@ -205,13 +214,13 @@ def item_request(tensors: dict[str, np.ndarray], b: int) -> ItemRequest:
         del sampling["top_p"]  # TensorRT-LLM: top_p 0 means unset
     if not sampling.get("top_k") and "top_p" not in sampling:
         sampling["temperature"] = 0.0  # TensorRT-LLM: with neither top_k nor top_p, decoding is greedy
-    beam_width = _scalar("beam_width", tensors["beam_width"], b) if "beam_width" in tensors else 1
+    beam_width = _scalar_or(tensors, "beam_width", b, 1)
     if beam_width != 1:
         raise InvalidRequest(
             f"beam_width must be 1: beam search is not supported (got {beam_width}); for several answers to one "
             "prompt use num_return_sequences"
         )
-    lora = _scalar("lora_task_id", tensors["lora_task_id"], b) if "lora_task_id" in tensors else 0
+    lora = _scalar_or(tensors, "lora_task_id", b, 0)
     if lora:
         raise InvalidRequest(f"lora_task_id {lora}: LoRA adapters are not supported; leave it out or send 0")
     for name in NO_EFFECT:
@@ -266,16 +275,8 @@ def _embedding_bias(tensors: dict[str, np.ndarray], b: int) -> dict[str, Any]:
 
 
 def _guide(tensors: dict[str, np.ndarray], b: int) -> dict[str, Any]:
-    kind = (
-        _scalar("guided_decoding_guide_type", tensors["guided_decoding_guide_type"], b)
-        if ("guided_decoding_guide_type" in tensors)
-        else ""
-    )
-    guide = (
-        _scalar("guided_decoding_guide", tensors["guided_decoding_guide"], b)
-        if ("guided_decoding_guide" in tensors)
-        else ""
-    )
+    kind = _scalar_or(tensors, "guided_decoding_guide_type", b, "")
+    guide = _scalar_or(tensors, "guided_decoding_guide", b, "")
     if not kind:
         if guide:
             raise InvalidRequest(f"guided_decoding_guide needs guided_decoding_guide_type (one of {_guide_types()})")
@@ -318,7 +319,7 @@ def response_outputs(
             arrays["num_input_tokens"] = llm_outputs["num_input_tokens"].reshape(1, 1).astype(np.int32)
         if "num_output_tokens" in item.outputs and counts is not None:
             arrays["num_output_tokens"] = np.array([[counts.reshape(-1)[i]]], np.int32)
-        if "total_draft_tokens" in item.outputs and "perf_metrics" in llm_outputs:
+        if item.wants_perf_metrics and "perf_metrics" in llm_outputs:
             perf = json.loads(llm_outputs["perf_metrics"].reshape(-1)[0])
             arrays.update((name, np.array([[perf[name]]], _NUMPY[dtype])) for name, dtype in PERF_OUTPUTS.items())
         out.append(arrays)
