@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs, cores, scraped = {}, {}, {}
     try:
-        launcher.wait_until_ready(http, triton, 600)
+        launcher.wait_until_ready(http, triton, 600, metrics_port=metrics_port)
         launcher.wait_until_frontend_ready(openai_port, frontend, 120)
         for c in args.concurrency:
             runs[c], cores[c], scraped[c] = run_aiperf(exe, f"http://127.0.0.1:{openai_port}", c, args, work / f"c{c}")

@@ -27,7 +27,7 @@ class Server:
         log(f"starting tritonserver with {variants} (gRPC {self.ports[1]}; log {self.log_path})")
         self.proc = launcher.start_server(repository, *self.ports, self.log_path)
         try:
-            launcher.wait_until_ready(self.ports[0], self.proc, timeout_s=600)
+            launcher.wait_until_ready(self.ports[0], self.proc, timeout_s=600, metrics_port=self.ports[2])
             self.grpc_url = f"127.0.0.1:{self.ports[1]}"
             for model in variants:  # warm-up
                 run_triton(self.grpc_url, model, [(PROMPTS[0], 4)] * 2, GREEDY, 2)

@@ -180,7 +180,7 @@ def running_server(
     host = kwargs.get("host", DEFAULT_HOST)
     proc = start_server(model_repository, *ports, log_path, **kwargs)
     try:
-        wait_until_ready(ports[0], proc, ready_timeout_s, host=host)
+        wait_until_ready(ports[0], proc, ready_timeout_s, host=host, metrics_port=ports[2])
         yield RunningServer(proc, *ports, Path(log_path), host)
     finally:
         stop_server(proc, stop_timeout_s)

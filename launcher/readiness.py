@@ -89,10 +89,18 @@ def wait_until_ready(
     host: str = DEFAULT_HOST,
     log_path: Path | str | None = None,
     poll_s: float = 0.25,
+    metrics_port: int | None = None,
 ) -> None:
-    """Poll tritonserver's ``GET /v2/health/ready`` until 200 (see :func:`wait_until_url_ok`)."""
+    """Poll tritonserver's ``GET /v2/health/ready`` until 200, then its ``GET /metrics`` on ``metrics_port``
+    when given: tritonserver opens its metrics port after the HTTP one, so a scrape right after "ready" can be
+    refused (see :func:`wait_until_url_ok`)."""
+    deadline = time.monotonic() + timeout_s
     url = f"http://{url_host(host)}:{int(http_port)}/v2/health/ready"
     wait_until_url_ok(url, proc, timeout_s, what="tritonserver", log_path=log_path, poll_s=poll_s)
+    if metrics_port is not None:
+        url = f"http://{url_host(host)}:{int(metrics_port)}/metrics"
+        left = max(deadline - time.monotonic(), 30.0)
+        wait_until_url_ok(url, proc, left, what="tritonserver's metrics", log_path=log_path, poll_s=poll_s)
 
 
 def wait_until_frontend_ready(

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def announce(proc: subprocess.Popen) -> None:  # after every (re)start of tritonserver
         try:
-            wait_until_ready(args.http_port, proc, args.ready_timeout, host=args.host)
+            wait_until_ready(args.http_port, proc, args.ready_timeout, host=args.host, metrics_port=args.metrics_port)
             print(usage_text(args.http_port, args.grpc_port, args.metrics_port, args.host), flush=True)
             if frontend is not None:
                 wait_until_frontend_ready(args.openai_port, frontend, args.ready_timeout, host=args.host)

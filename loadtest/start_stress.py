@@ -75,7 +75,7 @@ def one_start(repository: Path, out: Path, index: int, ready_timeout_s: float) -
     proc = start_server(repository, *ports, log_path)
     record: dict = {"start": index, "log": str(log_path)}
     try:
-        wait_until_ready(ports[0], proc, ready_timeout_s)
+        wait_until_ready(ports[0], proc, ready_timeout_s, metrics_port=ports[2])
         record["ready_s"] = round(time.monotonic() - started, 1)
         record["not_ready_models"] = models_ready(ports[0], VARIANTS)
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[2]}/metrics", timeout=10) as resp:

@@ -202,7 +202,9 @@ def server(tmp_path_factory) -> LLMServer:
     prefetch = threading.Thread(target=_prefetch_reference, args=(tmp_path_factory, stop_prefetch), daemon=True)
     prefetch.start()
     try:
-        launcher.wait_until_ready(ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "600")))
+        launcher.wait_until_ready(
+            ports[0], proc, float(os.environ.get("LLM_READY_TIMEOUT_S", "600")), metrics_port=ports[2]
+        )
         openai_port = launcher.free_port()
         frontend = launcher.start_frontend(
             f"127.0.0.1:{ports[1]}",
