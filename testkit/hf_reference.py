@@ -197,13 +197,17 @@ class HFReference:
 
     # ----------------------------------------------------------------------------- the near-tie rule
 
-    def next_logits(self, prompt: Prompt, prefix: list[int]) -> torch.Tensor:
-        """The model's float logits for the token after `prompt` followed by `prefix`."""
+    def position_logits(self, prompt: Prompt, continuation: list[int]) -> torch.Tensor:
+        """The model's float logits [positions, V] at every position of `prompt` followed by `continuation`."""
         import torch
 
-        ids = self.prompt_ids(prompt) + list(prefix)
+        ids = self.prompt_ids(prompt) + list(continuation)
         with self._lock, torch.inference_mode():
-            return self._load()(torch.tensor([ids])).logits[0, -1].float()
+            return self._load()(torch.tensor([ids])).logits[0].float()
+
+    def next_logits(self, prompt: Prompt, prefix: list[int]) -> torch.Tensor:
+        """The model's float logits for the token after `prompt` followed by `prefix`."""
+        return self.position_logits(prompt, prefix)[-1]
 
     def judge(
         self, prompt: Prompt, ours: list[int], reference: list[int], our_logprobs: list[dict]

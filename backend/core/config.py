@@ -52,6 +52,9 @@ class EngineConfig:
     max_queue_size: int = 256
     max_n: int = 8
     max_prompt_bytes: int = 0  # prompts longer (UTF-8 bytes) are refused before tokenizing; 0: 16 x max_model_len
+    # return_context_logits / return_generation_logits: a request whose logits (rows x vocabulary x 4 bytes) could
+    # pass this many MiB is refused; 0 refuses every such request
+    max_logits_mb: int = 256
     log_batch_visualization: bool = False
     # Besides ours, the metric names exported: "vllm" and / or "tensorrt_llm" (comma-separated), or "none".
     metric_names: str = "vllm,tensorrt_llm"
@@ -132,6 +135,7 @@ class EngineConfig:
         _check_range("max_queue_size", self.max_queue_size, 0, 1 << 20)
         _check_range("max_n", self.max_n, 1, 256)
         _check_range("max_prompt_bytes", self.max_prompt_bytes, 0, 1 << 30)
+        _check_range("max_logits_mb", self.max_logits_mb, 0, 1 << 20)
         _check_range("num_threads", self.num_threads, 0, 1024)
         unknown = sorted(set(self.metric_dialects) - set(METRIC_NAMES))
         if unknown or not self.metric_names.strip():

@@ -44,6 +44,9 @@ GAUGES = {
     "llm_requests_in_flight": "Sequences running or waiting",
     "llm_max_num_seqs": "Sequences one step may run (max_num_seqs)",
     "llm_step_prefill_sequences": "Sequences prefilling a prompt chunk in the last step",
+    "llm_step_prefill_tokens": "Prompt tokens prefilled in the last step",
+    "llm_step_decode_sequences": "Sequences generating (not prefilling) in the last step",
+    "llm_step_timestamp_seconds": "When the last step ended (Unix time, seconds)",
     "llm_kv_cache_block_tokens": "Tokens per KV block",
     "llm_engine_alive": "1 while the engine thread runs; 0 once it has died (requests are refused)",
 }
@@ -101,6 +104,14 @@ ALIASES: dict[str, dict[str, list[Alias]]] = {
         "llm_request_generation_tokens": [
             ("nv_llm_output_token_len", {"response_metric_type": "total_output_tokens"}, {})
         ],
+        "llm_step_prefill_tokens": [
+            ("nv_trt_llm_inflight_batcher_metrics", {"inflight_batcher_specific_metric": "total_context_tokens"}, {})
+        ],
+        "llm_step_decode_sequences": [
+            ("nv_trt_llm_inflight_batcher_metrics", {"inflight_batcher_specific_metric": "generation_requests"}, {})
+        ],
+        "llm_engine_steps_total": [("nv_trt_llm_general_metrics", {"general_type": "iteration_counter"}, {})],
+        "llm_step_timestamp_seconds": [("nv_trt_llm_general_metrics", {"general_type": "timestamp"}, {})],
     },
 }
 ALIAS_BUCKETS = {
@@ -112,7 +123,10 @@ ALIAS_HELP = {
     "nv_trt_llm_kv_cache_block_metrics": "TRT LLM KV cache block metrics",
     "nv_llm_input_token_len": "TRT LLM response metrics",
     "nv_llm_output_token_len": "TRT LLM response metrics",
+    "nv_trt_llm_inflight_batcher_metrics": "TRT LLM inflight_batcher-specific metrics",
+    "nv_trt_llm_general_metrics": "General TRT LLM metrics",
 }
+ALIAS_GAUGES = {"nv_trt_llm_general_metrics"}  # a gauge there, though our iteration count is a counter
 METRIC_NAMES = ("vllm", "tensorrt_llm")  # what `metric_names` may list besides ours, which are always exported
 
 
@@ -200,7 +214,8 @@ class TritonMetricsSink:
             for name in (ours, *(alias for alias, _, _ in self._aliases[ours])):
                 if name not in self._families:
                     help_text = ALIAS_HELP.get(name, helps[ours])
-                    self._families[name] = pb_utils.MetricFamily(name, help_text, kind)
+                    family_kind = pb_utils.MetricFamily.GAUGE if name in ALIAS_GAUGES else kind
+                    self._families[name] = pb_utils.MetricFamily(name, help_text, family_kind)
         self._metrics: dict[tuple, list] = {}
         for name in kinds:  # exported from the start, at zero
             if name not in _NOT_AT_ZERO and not name.endswith("_per_pos_total"):

@@ -32,6 +32,7 @@ class SampleProgress:
     """What has been emitted and sent of one sequence: the output side's bookkeeping, kept here."""
 
     logprobs: list[dict] = field(default_factory=list)
+    generation_logits: list[torch.Tensor] = field(default_factory=list)  # each token's logits, when asked for
     cumulative_logprob: float = 0.0  # sum of the sampled tokens' logprobs, when tracked
     num_sent_tokens: int = 0  # output tokens already in a stream's outputs
     final_sent: bool = False
@@ -80,6 +81,8 @@ class OutputProcessor:
             progress.cumulative_logprob += entry["logprob"]
             if params.logprobs is not None:
                 progress.logprobs.append(entry)
+        if params.generation_logits:
+            progress.generation_logits.append(logits.detach().float().clone())  # not a view of the step's logits
         reason = None
         if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
             reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
@@ -110,16 +113,14 @@ class OutputProcessor:
                 new_ids = seq.output_token_ids[progress.num_sent_tokens :]
                 text = seq.detokenizer.take_new_text(seq.is_finished)
                 if new_ids or text or (seq.is_finished and not progress.final_sent):
-                    samples.append(
-                        _sample_output(seq, progress, text, new_ids, progress.logprobs[progress.num_sent_tokens :])
-                    )
+                    samples.append(_sample_output(seq, progress, text, new_ids, progress.num_sent_tokens))
                     progress.final_sent = seq.is_finished
                 progress.num_sent_tokens = seq.num_output_tokens
         elif finished:
             for seq in request.sequences:
                 progress = self.progress(seq)
                 text = seq.detokenizer.take_new_text(True)
-                samples.append(_sample_output(seq, progress, text, seq.output_token_ids, progress.logprobs))
+                samples.append(_sample_output(seq, progress, text, seq.output_token_ids, 0))
         if not samples and not finished:
             return None
         if finished:
@@ -131,14 +132,10 @@ class OutputProcessor:
             self.metrics.observe("llm_request_params_n", request.params.n)
             reason = request.sequences[0].finish_reason.value if request.sequences[0].finish_reason else "abort"
             self.metrics.inc("llm_requests_finished_total", labels={"finish_reason": reason})
-        prompt_logprobs = None
-        if (
-            samples
-            and request.prompt_logprobs is not None
-            and not request.computing_prompt_logprobs
-            and not request.prompt_logprobs_sent
-        ):
-            prompt_logprobs, request.prompt_logprobs_sent = request.prompt_logprobs, True
+        prompt_logprobs = context_logits = None
+        if samples and not request.computing_prompt_outputs and not request.prompt_outputs_sent:
+            prompt_logprobs, context_logits = request.prompt_logprobs, request.context_logits
+            request.prompt_outputs_sent = True
         return RequestOutput(
             request.request_id,
             samples,
@@ -147,20 +144,23 @@ class OutputProcessor:
             request.error,
             request,
             prompt_logprobs,
+            context_logits,
         )
 
 
 def _sample_output(
-    seq: Sequence, progress: SampleProgress, text: str, token_ids: list[int], logprobs: list[dict]
+    seq: Sequence, progress: SampleProgress, text: str, token_ids: list[int], first: int
 ) -> SampleOutput:
+    """The sample's output carrying `token_ids`, its tokens from index `first` on."""
     return SampleOutput(
         sample_index=seq.sample_index,
         text=text,
         token_ids=list(token_ids),
         finish_reason=seq.finish_reason,
         num_output_tokens=seq.num_output_tokens,
-        logprobs=list(logprobs) if seq.params.logprobs is not None else None,
+        logprobs=progress.logprobs[first:] if seq.params.logprobs is not None else None,
         cumulative_logprob=progress.cumulative_logprob if _tracks_cumulative(seq) else None,
+        generation_logits=progress.generation_logits[first:] if seq.params.generation_logits else None,
     )
 
 

@@ -99,10 +99,12 @@ class SampleOutput:
     num_output_tokens: int  # all of the sample's tokens so far (not just these)
     logprobs: list[dict] | None = None
     cumulative_logprob: float | None = None  # so far; None unless tracked
+    generation_logits: list[torch.Tensor] | None = None  # each token's logits row [V], when asked for
 
     def followed_by(self, later: SampleOutput) -> SampleOutput:
         """This delta and the next one of the same sample as one."""
         logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
+        logits = None if self.generation_logits is None else self.generation_logits + (later.generation_logits or [])
         return SampleOutput(
             self.sample_index,
             self.text + later.text,
@@ -111,6 +113,7 @@ class SampleOutput:
             later.num_output_tokens,
             logprobs,
             later.cumulative_logprob,
+            logits,
         )
 
 
@@ -123,6 +126,7 @@ class RequestOutput:
     error: str | None = None
     request: Request | None = field(default=None, repr=False)
     prompt_logprobs: list[dict | None] | None = None  # once, in the first output after the prompt is computed
+    context_logits: list[torch.Tensor] | None = None  # the same: chunks of [positions, V] covering the prompt
 
     def followed_by(self, later: RequestOutput) -> RequestOutput:
         """This output and the next one of the same request as one response (a stream's deltas concatenate)."""
@@ -138,6 +142,7 @@ class RequestOutput:
             later.error or self.error,
             later.request,
             self.prompt_logprobs or later.prompt_logprobs,
+            self.context_logits or later.context_logits,
         )
 
 
@@ -204,12 +209,17 @@ class Request:
     # params.prompt_logprobs: an entry per prompt token, None for the first (nothing predicts it); filled as
     # prefill chunks are computed (such a request bypasses the prefix cache: cached blocks have no logits)
     prompt_logprobs: list[dict | None] | None = None
-    prompt_logprobs_sent: bool = False
+    # params.context_logits: the logits of every prompt position, in chunks of rows [positions, V], filled the same
+    # way (the last position's row is the one the first token is sampled from)
+    context_logits: list[torch.Tensor] | None = None
+    prompt_outputs_sent: bool = False  # prompt_logprobs and context_logits went out
     stats: RequestStats = field(default_factory=RequestStats)
 
     def __post_init__(self):
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
+        if self.params.context_logits and self.context_logits is None:
+            self.context_logits = []
 
     def release_transport(self) -> None:
         """Drop the callbacks once the final output is sent. They hold the transport's handles (a Triton
@@ -221,6 +231,20 @@ class Request:
     @property
     def computing_prompt_logprobs(self) -> bool:
         return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
+
+    @property
+    def num_context_logits(self) -> int:
+        return sum(len(chunk) for chunk in self.context_logits or ())
+
+    @property
+    def computing_context_logits(self) -> bool:
+        return self.context_logits is not None and self.num_context_logits < len(self.prompt_token_ids)
+
+    @property
+    def computing_prompt_outputs(self) -> bool:
+        """Its prompt's positions need their logits (prompt_logprobs, context_logits): computed in full, never
+        served from the prefix cache (cached blocks have no logits)."""
+        return self.computing_prompt_logprobs or self.computing_context_logits
 
     def seed_for(self, sample_index: int) -> int:
         """Each sample draws from its own generator; a seeded request reproduces whatever the batch."""

@@ -107,7 +107,7 @@ class Scheduler:
                 break
             # prompt logprobs need every prompt position's logits: such a prompt is computed whole, not read
             # from the prefix cache (its blocks are still registered for later requests)
-            cached = [] if request.computing_prompt_logprobs else self.block_manager.match_prefix(seq.token_ids)
+            cached = [] if request.computing_prompt_outputs else self.block_manager.match_prefix(seq.token_ids)
             num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.can_admit(seq, cached, num_new):
                 break

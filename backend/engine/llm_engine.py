@@ -20,7 +20,8 @@ from backend.core.fault_injection import FaultInjector
 from backend.core.metrics import EngineMetrics
 from backend.core.output_processor import OutputProcessor
 from backend.core.request import FinishReason, Request, RequestOutput, Sequence
-from backend.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from backend.core.scheduler import Scheduler, SchedulerOutput
+from backend.engine import prompt_outputs
 from backend.engine.model_loading import eos_token_ids, make_proposer, resolve_weights
 from backend.engine.step_records import StepWatchers, describe, step_record
 from backend.model.hardware import serving_threads
@@ -137,6 +138,7 @@ class LLMEngine:
             raise InvalidRequest(
                 f"n must be at most {self.config.max_num_seqs} (max_num_seqs: the samples run together), got {params.n}"
             )
+        self._check_logits_size(params, len(token_ids))
         if params.top_k > self.vocab_size:
             raise InvalidRequest(f"top_k must be at most the vocabulary size {self.vocab_size}, got {params.top_k}")
         for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias keys", params.logit_bias)):
@@ -147,6 +149,20 @@ class LLMEngine:
         base_seed = int(self._seed_source.integers(0, 2**62))
         grammar = self.structured.compile(params.guided_decoding)  # starts now, on the compiler's threads
         return Request(request_id, prompt, token_ids, params, base_seed=base_seed, grammar=grammar, **kwargs)
+
+    def _check_logits_size(self, params: SamplingParams, num_prompt_tokens: int) -> None:
+        """The logits a request asks for stay within max_logits_mb."""
+        limit = self.config.max_logits_mb
+        for flag, rows, what in (
+            ("return_context_logits", num_prompt_tokens * params.context_logits, "shorten the prompt"),
+            ("return_generation_logits", params.max_tokens * params.n * params.generation_logits, "lower max_tokens"),
+        ):
+            mib = rows * self.vocab_size * 4 / 2**20
+            if mib > limit:
+                raise InvalidRequest(
+                    f"{flag}: {rows} rows of {self.vocab_size} logits are {mib:.1f} MiB; at most {limit} MiB are "
+                    f"allowed per request (max_logits_mb); {what} or leave it out"
+                )
 
     def _tokenize_words(self, params: SamplingParams) -> SamplingParams:
         """bad_words as token sequences (each phrase as written and after a space, as vLLM bans them), word_bias
@@ -275,12 +291,12 @@ class LLMEngine:
         for s in sched.scheduled:
             seq = s.seq
             tokens = seq.token_ids[s.start : s.start + s.num_new_tokens - s.num_spec_tokens] + seq.spec_token_ids
-            prompt_rows.append(_prompt_logprob_rows(s))
+            prompt_rows.append(prompt_outputs.prompt_rows(s))
             num_logits = prompt_rows[-1] + (s.num_spec_tokens + 1 if s.samples else 0)
             items.append(ForwardItem(tokens, s.start, seq.block_table, num_logits))
         logits = self.runner.forward(items)
-        if any(prompt_rows):
-            logits = self._take_prompt_logprobs(sched.scheduled, prompt_rows, logits)
+        if prompt_outputs.wanted(sched.scheduled, prompt_rows):
+            logits = prompt_outputs.take_prompt_outputs(self.sampler, sched.scheduled, prompt_rows, logits)
         self.structured.mask_logits(sched.scheduled, logits)
         verifying, sampling, row = [], [], 0
         for s in sched.scheduled:
@@ -297,27 +313,6 @@ class LLMEngine:
         if verifying:
             self.spec.verify(verifying)
         self._sample(sampling, logits)
-
-    def _take_prompt_logprobs(
-        self, scheduled: list[ScheduledSeq], prompt_rows: list[int], logits: torch.Tensor
-    ) -> torch.Tensor:
-        """Record the prompt logprobs of the chunks that asked for them (their first rows: position p's logits
-        score prompt token p + 1); returns the rows left for sampling and verification."""
-        keep, row = [], 0
-        for s, num_prompt_rows in zip(scheduled, prompt_rows):
-            if num_prompt_rows:
-                request = s.seq.request
-                scored = request.prompt_token_ids[s.start + 1 : s.start + 1 + num_prompt_rows]
-                entries = self.sampler.logprobs_rows(
-                    logits[row : row + num_prompt_rows], scored, request.params.prompt_logprobs
-                )
-                # a chunk computed again after a preemption adds only the positions not yet scored
-                request.prompt_logprobs += entries[len(request.prompt_logprobs) - 1 - s.start :]
-                row += num_prompt_rows
-            num_sampled = s.num_spec_tokens + 1 if s.samples else 0
-            keep.extend(range(row, row + num_sampled))
-            row += num_sampled
-        return logits[keep]
 
     def _family(self, seq: Sequence) -> list[Sequence]:
         """The sequences that sample from `seq`'s logits row: itself, and once its prompt is in, the parallel
@@ -355,7 +350,11 @@ class LLMEngine:
         self.metrics.inc("llm_engine_steps_total")
         self.metrics.observe("llm_step_num_sequences", len(sched.scheduled))
         self.metrics.observe("llm_step_num_tokens", sched.num_batched_tokens)
-        self.metrics.set("llm_step_prefill_sequences", sum(1 for s in sched.scheduled if s.is_prefill))
+        prefills = [s for s in sched.scheduled if s.is_prefill]
+        self.metrics.set("llm_step_prefill_sequences", len(prefills))
+        self.metrics.set("llm_step_prefill_tokens", sum(s.num_new_tokens for s in prefills))
+        self.metrics.set("llm_step_decode_sequences", len(sched.scheduled) - len(prefills))
+        self.metrics.set("llm_step_timestamp_seconds", int(time.time()))
         for item in sched.scheduled:
             stats, seq = item.seq.request.stats, item.seq
             if seq is seq.request.sequences[0]:
@@ -382,11 +381,3 @@ class LLMEngine:
         self.metrics.inc("llm_prefix_cache_queries_total", bm.prefix_queries - queries)
         self.metrics.inc("llm_prefix_cache_hits_total", bm.prefix_hits - hits)
         self._reported_prefix = (bm.prefix_queries, bm.prefix_hits)
-
-
-def _prompt_logprob_rows(s: ScheduledSeq) -> int:
-    """How many of a prefill chunk's positions score a prompt token for the request's prompt_logprobs: from
-    its first position up to the one before the last prompt token (that one's logits pick the first output)."""
-    if not s.seq.request.computing_prompt_logprobs or not s.is_prefill:
-        return 0
-    return max(0, min(s.start + s.num_new_tokens, s.seq.num_prompt_tokens - 1) - s.start)

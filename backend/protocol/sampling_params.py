@@ -55,6 +55,10 @@ class SamplingParams:
     bad_word_ids: list[list[int]] = field(default_factory=list)
     num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
     guided_decoding: GuidedDecoding | None = None  # an output constraint (guided_decoding.py)
+    # Set from the return_context_logits / return_generation_logits flags (not sampling parameters): keep the
+    # model's logits of every prompt position / of every generated token.
+    context_logits: bool = False
+    generation_logits: bool = False
 
     @property
     def greedy(self) -> bool:

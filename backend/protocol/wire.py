@@ -49,6 +49,8 @@ OPTIONAL_OUTPUTS = (
     "num_output_tokens",
     "prompt_logprobs",
     "perf_metrics",
+    "context_logits",
+    "generation_logits",
 )
 FLAG_NAMES = ("stream", "exclude_input_in_output") + tuple(f"return_{name}" for name in OPTIONAL_OUTPUTS)
 INPUTS = {
@@ -72,6 +74,9 @@ OUTPUTS = {
     "logprobs": (BYTES, VECTOR),
     "prompt_logprobs": (BYTES, SCALAR),
     "perf_metrics": (BYTES, SCALAR),
+    # [prompt tokens, vocabulary]; [tokens, vocabulary] per sample ([samples, tokens, vocabulary] for several)
+    "context_logits": (FP32, (-1, -1)),
+    "generation_logits": (FP32, (-1, -1)),
 }
 NO_FINISH_REASON = "None"  # finish_reason of a sample's responses before its last (vLLM's backend's spelling)
 # A request parameter that makes a request a batch-view watch: the step records stream back in text_output.

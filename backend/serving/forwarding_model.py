@@ -34,6 +34,8 @@ LLM_OUTPUTS = [
     "num_input_tokens",
     "num_output_tokens",
     "perf_metrics",
+    "context_logits",
+    "generation_logits",
 ]
 
 

@@ -117,6 +117,7 @@ def parse_request(
     # parameters it is sent as JSON null (vLLM's backend does the same).
     params = SamplingParams.from_dict(merged, max_n=max_n, max_tokens_limit=max_tokens_limit)
     outputs = frozenset(name for name in OPTIONAL_OUTPUTS if flags.get(f"return_{name}"))
+    params.context_logits, params.generation_logits = "context_logits" in outputs, "generation_logits" in outputs
     return ParsedRequest(
         prompt, params, flags.get("stream", False), flags.get("exclude_input_in_output", False), outputs
     )

@@ -1,8 +1,9 @@
 """Triton response tensors for engine outputs.
 
 `response_arrays` is what one response holds, in Triton's vLLM backend's terms (docs/interface.md): the
-additional outputs only when asked for, `num_output_tokens` and `logprobs` counting this response's tokens,
-`prompt_logprobs` JSON null except in the one response that carries them.
+additional outputs only when asked for, `num_output_tokens`, `logprobs` and `generation_logits` counting this
+response's tokens, `prompt_logprobs` JSON null and `context_logits` left out except in the one response that
+carries them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from backend.core.request import RequestOutput, SampleOutput
 from backend.protocol.wire import NO_FINISH_REASON
@@ -84,11 +86,30 @@ def response_arrays(
         "num_output_tokens": lambda: np.array([len(s.token_ids) for s in samples], dtype=np.uint32),
         "prompt_logprobs": lambda: texts([json.dumps(prompt_logprobs(output.prompt_logprobs, token_text))]),
         "perf_metrics": lambda: texts([json.dumps(output.request.stats.as_dict())]),
+        "context_logits": lambda: None if output.context_logits is None else torch.cat(output.context_logits).numpy(),
+        "generation_logits": lambda: generation_logits(samples),
     }
     arrays = {
         "text_output": texts(prefix + s.text for s in samples),
         "output_ids": id_array[0] if len(samples) == 1 else id_array,
         "sample_index": np.array([s.sample_index for s in samples], dtype=np.int32),
     }
-    arrays.update((name, make()) for name, make in optional.items() if name in wanted)
+    for name in wanted:
+        array = optional[name]()
+        if array is not None:  # context_logits: only in the response that carries them
+            arrays[name] = array
     return arrays
+
+
+def generation_logits(samples: list[SampleOutput]) -> np.ndarray | None:
+    """The logits of this response's tokens: [tokens, V] for one sample, [samples, tokens, V] for several
+    (NaN rows past a shorter sample's last token, as output_ids pads with -1)."""
+    rows = [s.generation_logits for s in samples]
+    if any(r is None for r in rows):
+        return None
+    width, vocab = max(len(r) for r in rows), next((len(r[0]) for r in rows if r), 0)
+    out = np.full((len(rows), width, vocab), np.nan, dtype=np.float32)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.stack(r).numpy()
+    return out[0] if len(samples) == 1 else out

@@ -110,7 +110,10 @@ OUTPUTS = {
     **{name: (dtype, [1]) for name, dtype in PERF_OUTPUTS.items()},
     "num_input_tokens": (INT32, [1]),
     "num_output_tokens": (INT32, [1]),
+    "context_logits": (FP32, [-1, -1]),  # [prompt tokens, vocabulary]
+    "generation_logits": (FP32, [-1, -1, -1]),  # [beams (1), tokens, vocabulary]
 }
+LOGITS = ("context_logits", "generation_logits")
 _NUMPY = {INT32: np.int32, INT64: np.int64, FP32: np.float32}
 
 
@@ -138,6 +141,7 @@ class ItemRequest:
             "return_num_input_tokens": "num_input_tokens" in self.outputs,
             "return_num_output_tokens": "num_output_tokens" in self.outputs,
             "return_perf_metrics": self.wants_perf_metrics,
+            **{f"return_{name}": name in self.outputs for name in LOGITS},
         }
 
 
@@ -203,9 +207,6 @@ def item_request(tensors: dict[str, np.ndarray], b: int) -> ItemRequest:
         if name in tensors and _item(name, tensors[name], b).size:
             raise InvalidRequest(f"{name} is not supported: {reason}")
     flags = {name: as_bool(name, _scalar(name, tensors[name], b)) for name in FLAGS if name in tensors}
-    for name in ("return_context_logits", "return_generation_logits"):
-        if flags.get(name):
-            raise InvalidRequest(f"{name} is not supported yet by this server; send it false or leave it out")
     sampling: dict[str, Any] = {}
     for name, (_, key) in SAMPLING.items():
         if name in tensors:
@@ -242,9 +243,7 @@ def item_request(tensors: dict[str, np.ndarray], b: int) -> ItemRequest:
     if flags.get("return_log_probs"):
         outputs |= {"cum_log_probs", "output_log_probs"}
         sampling["logprobs"] = 0
-    outputs |= {
-        name[len("return_") :] for name in ("return_num_input_tokens", "return_num_output_tokens") if flags.get(name)
-    }
+    outputs |= {name for name in ("num_input_tokens", "num_output_tokens", *LOGITS) if flags.get(f"return_{name}")}
     text = _scalar("text_input", tensors["text_input"], b)
     if not isinstance(text, str) or not text:
         raise InvalidRequest("text_input must be a non-empty string")
@@ -319,11 +318,24 @@ def response_outputs(
             arrays["num_input_tokens"] = llm_outputs["num_input_tokens"].reshape(1, 1).astype(np.int32)
         if "num_output_tokens" in item.outputs and counts is not None:
             arrays["num_output_tokens"] = np.array([[counts.reshape(-1)[i]]], np.int32)
+        if "context_logits" in item.outputs and "context_logits" in llm_outputs:  # in the first response only
+            arrays["context_logits"] = llm_outputs["context_logits"][np.newaxis]
+        if "generation_logits" in item.outputs and "generation_logits" in llm_outputs:
+            arrays["generation_logits"] = _sample_logits(llm_outputs["generation_logits"], i)[np.newaxis, np.newaxis]
         if item.wants_perf_metrics and "perf_metrics" in llm_outputs:
             perf = json.loads(llm_outputs["perf_metrics"].reshape(-1)[0])
             arrays.update((name, np.array([[perf[name]]], _NUMPY[dtype])) for name, dtype in PERF_OUTPUTS.items())
         out.append(arrays)
     return out
+
+
+def _sample_logits(logits: np.ndarray, i: int) -> np.ndarray:
+    """Sample i's rows of `llm`'s generation_logits ([tokens, V] for one sample; [samples, tokens, V] with NaN
+    rows padding the shorter ones for several)."""
+    if logits.ndim == 2:
+        return logits
+    rows = logits[i]
+    return rows[~np.isnan(rows).all(axis=1)]
 
 
 def _chosen_logprobs(entry: bytes | str) -> list[float]:

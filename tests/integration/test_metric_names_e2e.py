@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 
 MODEL = "llm"
 
@@ -73,3 +74,14 @@ def test_counters_and_histograms_count_each_request_by_its_last_response(server)
     blocks = after.get("nv_trt_llm_kv_cache_block_metrics", MODEL, kv_cache_block_type="max")
     assert blocks == after.get("llm_kv_cache_blocks_total", MODEL) > 0
     assert after.get("nv_trt_llm_request_metrics", MODEL, request_type="max") == 32
+    # TensorRT-LLM's per-iteration gauges, once the last step's updates are published
+    settled = server.settled_metrics(MODEL)
+    steps = settled.get("nv_trt_llm_general_metrics", MODEL, general_type="iteration_counter")
+    assert steps == settled.get("llm_engine_steps_total", MODEL) > 0
+    assert abs(settled.get("nv_trt_llm_general_metrics", MODEL, general_type="timestamp") - time.time()) < 600
+    # the last step (the BLS request's second token) generated for one sequence and prefilled nothing
+    batcher = {
+        kind: settled.get("nv_trt_llm_inflight_batcher_metrics", MODEL, inflight_batcher_specific_metric=kind)
+        for kind in ("generation_requests", "total_context_tokens")
+    }
+    assert batcher == {"generation_requests": 1, "total_context_tokens": 0}

@@ -112,8 +112,8 @@ def test_every_input_alone_and_all_together(server, reference):
         "frequency_penalty": 0.1,
         "seed": 3,
         "return_log_probs": True,
-        "return_context_logits": False,
-        "return_generation_logits": False,
+        "return_context_logits": True,
+        "return_generation_logits": True,
         "return_perf_metrics": False,
         "beam_width": 1,
         "stream": True,
@@ -221,7 +221,7 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
     for body, message in (
         ({"text_input": PROMPT, "max_tokens": 4, "beam_width": 2}, "beam search is not supported"),
         ({"text_input": PROMPT}, "max_tokens is required"),
-        ({"text_input": PROMPT, "max_tokens": 4, "return_generation_logits": True}, "not supported yet"),
+        ({"text_input": PROMPT, "max_tokens": 1500, "return_generation_logits": True}, "(max_logits_mb)"),
         ({"text_input": PROMPT, "max_tokens": 4, "lora_task_id": 5}, "LoRA adapters are not supported"),
         ({"text_input": PROMPT, "max_tokens": 4, "embedding_bias_words": ["a"]}, "send both or neither"),
         ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens must be between 1"),
@@ -288,3 +288,31 @@ def test_perf_metrics_time_the_request_and_count_reused_blocks(server, model):
             and times == sorted(times)
             and all(r.as_numpy("last_token_time_ns").shape == (1, 1) for r in responses)
         )
+
+
+@pytest.mark.parametrize("model", [STREAMING, UNARY])
+def test_context_and_generation_logits_are_the_models(server, reference, model):
+    """return_context_logits / return_generation_logits: the logits of every prompt position and of each generated
+    token, as transformers computes them in fp32, in TensorRT-LLM's shapes ([1, prompt, V] and [1, 1, tokens, V]);
+    streamed, the context logits come once and each response carries its token's row."""
+    values = arrays(text_input=PROMPT, max_tokens=3, return_context_logits=True, return_generation_logits=True)
+    outputs = ("text_output", "context_logits", "generation_logits")
+    if model == STREAMING:
+        responses = grpc_stream(server, model, {**values, **arrays(stream=True)}, outputs=outputs)
+        contexts = [r.as_numpy("context_logits") for r in responses if r.as_numpy("context_logits") is not None]
+        assert len(contexts) == 1 and len(responses) == 3
+        context, generation = contexts[0], np.concatenate([r.as_numpy("generation_logits") for r in responses], 2)
+    else:
+        requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
+        result = grpcclient.InferenceServerClient(server.grpc_url).infer(
+            model, client_inputs(values), outputs=requested
+        )
+        context, generation = result.as_numpy("context_logits"), result.as_numpy("generation_logits")
+    tokens = reference.get(PROMPT, 3).token_ids
+    expected = reference.position_logits(PROMPT, tokens).numpy()
+    num_prompt = len(reference.prompt_ids(PROMPT))
+    assert context.shape == (1, num_prompt, expected.shape[1]) and context.dtype == np.float32
+    assert generation.shape == (1, 1, 3, expected.shape[1])
+    np.testing.assert_allclose(context[0], expected[:num_prompt], atol=2e-3, rtol=1e-4)
+    np.testing.assert_allclose(generation[0, 0], expected[num_prompt - 1 : -1], atol=2e-3, rtol=1e-4)
+    assert generation[0, 0].argmax(-1).tolist() == tokens

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from backend import LLMEngine, SamplingParams
 from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
@@ -25,10 +26,10 @@ def entry(token_id, logprob, rank, top=None) -> dict:
     return e
 
 
-def output(samples, params=None, num_input=4) -> RequestOutput:
+def output(samples, params=None, num_input=4, context_logits=None) -> RequestOutput:
     params = params if params is not None else SamplingParams(logprobs=1)
     request = Request("r", "p", [1] * num_input, params, stream=True)
-    return RequestOutput("r", samples, num_input, False, None, request)
+    return RequestOutput("r", samples, num_input, False, None, request, context_logits=context_logits)
 
 
 def text_of(token_id, skip_special_tokens=True) -> str:
@@ -50,11 +51,20 @@ def test_vllm_logprobs_sampled_token_first_then_the_top_by_rank():
 
 
 def test_a_response_holds_only_the_outputs_asked_for():
-    sample = SampleOutput(0, "ab", [7, 9], None, 5, [entry(7, -0.1, 1, {7: -0.1}), entry(9, -1.0, 2, {4: -0.5})], -1.1)
-    assert set(response_arrays(output([sample]), [sample], frozenset(), text_of)) == ALWAYS
+    rows = [torch.arange(6, dtype=torch.float32), -torch.arange(6, dtype=torch.float32)]
+    logprobs = [entry(7, -0.1, 1, {7: -0.1}), entry(9, -1.0, 2, {4: -0.5})]
+    sample = SampleOutput(0, "ab", [7, 9], None, 5, logprobs, -1.1, rows)
+    context = [torch.zeros(3, 6), torch.ones(1, 6)]  # two prefill chunks of a 4-token prompt
+    with_prompt = output([sample], context_logits=context)
+    assert set(response_arrays(with_prompt, [sample], frozenset(), text_of)) == ALWAYS
     for name in OPTIONAL_OUTPUTS:
-        assert set(response_arrays(output([sample]), [sample], frozenset({name}), text_of)) == ALWAYS | {name}
-    arrays = response_arrays(output([sample]), [sample], frozenset(OPTIONAL_OUTPUTS), text_of)
+        assert set(response_arrays(with_prompt, [sample], frozenset({name}), text_of)) == ALWAYS | {name}
+    arrays = response_arrays(with_prompt, [sample], frozenset(OPTIONAL_OUTPUTS), text_of)
+    assert arrays["context_logits"].shape == (4, 6) and arrays["context_logits"].dtype == np.float32
+    assert arrays["context_logits"][3].tolist() == [1.0] * 6
+    assert arrays["generation_logits"].shape == (2, 6) and arrays["generation_logits"][1, 5] == -5.0
+    # the prompt's outputs travel once: a later response of the stream leaves context_logits out
+    assert "context_logits" not in response_arrays(output([sample]), [sample], frozenset(OPTIONAL_OUTPUTS), text_of)
     assert arrays["finish_reason"].tolist() == [b"None"]  # until the sample finishes
     assert arrays["num_output_tokens"].tolist() == [2] and arrays["num_output_tokens"].dtype == np.uint32
     assert arrays["num_input_tokens"].tolist() == [4]
@@ -75,6 +85,15 @@ def test_null_logprobs_finish_reasons_and_samples_side_by_side():
     assert arrays["num_output_tokens"].tolist() == [1, 2] and arrays["sample_index"].tolist() == [0, 1]
     assert arrays["text_output"].tolist() == [b"P: x", b"P: yz"]
     assert arrays["output_ids"].tolist() == [[3, -1], [4, 5]]
+
+
+def test_generation_logits_of_several_samples_pad_with_nan():
+    short = SampleOutput(0, "x", [3], FinishReason.STOP, 1, None, None, [torch.full((4,), 2.0)])
+    long = SampleOutput(1, "yz", [4, 5], FinishReason.LENGTH, 2, None, None, [torch.ones(4), torch.zeros(4)])
+    arrays = response_arrays(output([short, long]), [short, long], frozenset({"generation_logits"}), text_of)
+    logits = arrays["generation_logits"]
+    assert logits.shape == (2, 2, 4) and logits[0, 0].tolist() == [2.0] * 4 and np.isnan(logits[0, 1]).all()
+    assert logits[1].tolist() == [[1.0] * 4, [0.0] * 4]
 
 
 def test_token_texts_decode_each_token_once():

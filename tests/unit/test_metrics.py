@@ -222,6 +222,24 @@ def test_the_same_numbers_under_vllms_and_tensorrt_llms_names():
     assert pb.families["vllm:request_prompt_tokens"].metrics[0].buckets == HISTOGRAMS["llm_request_prompt_tokens"][1]
 
 
+def test_tensorrt_llms_inflight_batcher_and_general_families():
+    """TensorRT-LLM's per-iteration gauges: the last step's context tokens and generation requests, and its
+    iteration counter, a gauge there though our step count is a counter."""
+    pb = FakePbUtils()
+    sink = TritonMetricsSink(pb, {"model": "llm", "version": "1"})
+    sink.set("llm_step_prefill_tokens", 17)
+    sink.set("llm_step_decode_sequences", 4)
+    sink.inc("llm_engine_steps_total", 3, None)
+    sink.set("llm_step_timestamp_seconds", 1_700_000_000)
+    batcher = pb.families["nv_trt_llm_inflight_batcher_metrics"]
+    values = {m.labels["inflight_batcher_specific_metric"]: m.value for m in batcher.metrics}
+    assert batcher.kind == "gauge" and values == {"total_context_tokens": 17, "generation_requests": 4}
+    general = pb.families["nv_trt_llm_general_metrics"]
+    values = {m.labels["general_type"]: m.value for m in general.metrics}
+    assert general.kind == "gauge" and values == {"iteration_counter": 3, "timestamp": 1_700_000_000}
+    assert pb.families["llm_engine_steps_total"].kind == "counter"
+
+
 def test_metric_names_choose_the_dialects():
     pb = FakePbUtils()
     TritonMetricsSink(pb, {"model": "llm", "version": "1"}, names=("vllm",))

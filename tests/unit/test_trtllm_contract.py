@@ -100,6 +100,8 @@ def test_every_sampling_input_maps_to_its_parameter():
         "return_num_input_tokens": True,
         "return_num_output_tokens": True,
         "return_perf_metrics": False,
+        "return_context_logits": False,
+        "return_generation_logits": False,
     }
 
 
@@ -135,10 +137,6 @@ def test_a_batch_of_prompts_gives_one_item_each():
         ({"text_input": "hi", "max_tokens": 4, "beam_width": 2}, "beam search is not supported"),
         ({"text_input": "hi", "max_tokens": 4, "lora_task_id": 3}, "LoRA adapters are not supported"),
         ({"text_input": "hi", "max_tokens": 4, "decoder_text_input": "x"}, "decoder-only"),
-        (
-            {"text_input": "hi", "max_tokens": 4, "return_context_logits": True},
-            "return_context_logits is not supported",
-        ),
         ({"text_input": "hi", "max_tokens": 4, "end_id": -1}, "end_id must be a token id"),
         ({"text_input": "hi", "max_tokens": 4, "pad_id": -1}, "pad_id must be a token id"),
         ({"text_input": "hi", "max_tokens": 4, "embedding_bias_words": ["a"]}, "send both or neither"),
@@ -165,18 +163,13 @@ def test_embedding_bias_lengths_must_match():
         contract.item_request(request, 0)
 
 
+def two_samples(**flags) -> contract.ItemRequest:
+    """A request for two answers to one prompt with the given return_* flags."""
+    return contract.item_request(tensors(text_input="hi", max_tokens=2, num_return_sequences=2, **flags), 0)
+
+
 def test_responses_carry_the_indexes_and_log_probs():
-    item = contract.item_request(
-        tensors(
-            text_input="hi",
-            max_tokens=2,
-            num_return_sequences=2,
-            return_log_probs=True,
-            return_num_output_tokens=True,
-            return_num_input_tokens=True,
-        ),
-        0,
-    )
+    item = two_samples(return_log_probs=True, return_num_output_tokens=True, return_num_input_tokens=True)
     logprobs = [
         json.dumps([{"5": {"logprob": -0.5, "rank": 1}}, {"6": {"logprob": -1.0, "rank": 2}}]).encode(),
         json.dumps([{"7": {"logprob": -0.25, "rank": 1}}]).encode(),
@@ -209,6 +202,29 @@ def test_perf_metrics_become_tensorrt_llms_ten_outputs():
     for name, dtype in contract.PERF_OUTPUTS.items():
         assert only[name].shape == (1, 1) and only[name].dtype == NUMPY.get(dtype, np.int64)
     assert only["arrival_time_ns"].tolist() == [[2**62]] and only["acceptance_rate"].tolist() == [[0.5]]
+
+
+def test_logits_come_with_tensorrt_llms_batch_and_beam_dimensions():
+    item = two_samples(return_context_logits=True, return_generation_logits=True)
+    assert item.llm_flags()["return_context_logits"] and item.llm_flags()["return_generation_logits"]
+    context = np.arange(12, dtype=np.float32).reshape(3, 4)  # a 3-token prompt, a 4-token vocabulary
+    generation = np.full((2, 2, 4), np.nan, np.float32)  # sample 0 has one token, sample 1 two
+    generation[0, 0], generation[1] = 1.0, 2.0
+    llm = {
+        "text_output": np.array([b"a", b"bc"], dtype=object),
+        "sample_index": np.array([0, 1], np.int32),
+        "context_logits": context,
+        "generation_logits": generation,
+    }
+    first, second = contract.response_outputs(llm, item, batch_index=None)
+    assert first["context_logits"].shape == (1, 3, 4) and first["context_logits"][0, 2].tolist() == [8, 9, 10, 11]
+    assert first["generation_logits"].shape == (1, 1, 1, 4) and second["generation_logits"].shape == (1, 1, 2, 4)
+    assert (second["generation_logits"] == 2.0).all()
+    # a later stream response (no context_logits from llm) carries only its tokens' rows
+    later = contract.response_outputs(
+        {"text_output": np.array([b"d"], dtype=object), "generation_logits": np.ones((1, 4), np.float32)}, item, None
+    )
+    assert "context_logits" not in later[0] and later[0]["generation_logits"].shape == (1, 1, 1, 4)
 
 
 def test_a_single_answer_has_no_indexes():
