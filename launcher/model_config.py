@@ -48,7 +48,7 @@ def read_parameters(config_path: Path = DEFAULT_MODEL_REPOSITORY / "llm" / "conf
 
 
 # The models of model_repository/ that serve TensorRT-LLM's client contract through `llm` (no weights of their own).
-FORWARDING_MODELS = ("ensemble", "tensorrt_llm_bls")
+FORWARDING_MODELS = ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")
 
 
 def write_model_repository(

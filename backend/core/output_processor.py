@@ -84,7 +84,11 @@ class OutputProcessor:
         if params.generation_logits:
             progress.generation_logits.append(logits.detach().float().clone())  # not a view of the step's logits
         reason = None
-        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+        if (
+            token_id in params.stop_token_ids
+            or (not params.ignore_eos and token_id in self.eos_token_ids)
+            or any(_ends_with(seq.output_token_ids, s) for s in params.stop_word_ids)
+        ):
             reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
             if params.include_stop_str_in_output:
                 seq.detokenizer.append(token_id)
@@ -162,6 +166,10 @@ def _sample_output(
         cumulative_logprob=progress.cumulative_logprob if _tracks_cumulative(seq) else None,
         generation_logits=progress.generation_logits[first:] if seq.params.generation_logits else None,
     )
+
+
+def _ends_with(tokens: list[int], suffix: list[int]) -> bool:
+    return len(tokens) >= len(suffix) and tokens[len(tokens) - len(suffix) :] == suffix
 
 
 def _tracks_cumulative(seq: Sequence) -> bool:

@@ -141,7 +141,12 @@ class LLMEngine:
         self._check_logits_size(params, len(token_ids))
         if params.top_k > self.vocab_size:
             raise InvalidRequest(f"top_k must be at most the vocabulary size {self.vocab_size}, got {params.top_k}")
-        for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias keys", params.logit_bias)):
+        words = [t for s in params.bad_word_ids + params.stop_word_ids for t in s]
+        for name, ids in (
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias keys", params.logit_bias),
+            ("bad_word_ids and stop_word_ids", words),
+        ):
             bad_ids = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad_ids:
                 raise InvalidRequest(f"{name} must be token ids below {self.vocab_size}, got {bad_ids[:8]}")
@@ -167,13 +172,14 @@ class LLMEngine:
     def _tokenize_words(self, params: SamplingParams) -> SamplingParams:
         """bad_words as token sequences (each phrase as written and after a space, as vLLM bans them), word_bias
         folded into logit_bias (each of a phrase's tokens takes its bias, as TensorRT-LLM's embedding bias)."""
-        if not (params.bad_words or params.word_bias):
+        if not (params.bad_words or params.word_bias):  # bad_word_ids alone are used as given
             return params
 
         def encode(text: str) -> list[int]:
             return self.input_tokenizer.encode(text, add_special_tokens=False)
 
         sequences = {tuple(encode(v)) for w in params.bad_words for v in (w, " " + w.lstrip(" "))}
+        sequences |= {tuple(s) for s in params.bad_word_ids}
         logit_bias = dict(params.logit_bias)
         for word, bias in params.word_bias.items():
             for token_id in encode(word):

@@ -51,8 +51,10 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit before sampling
     bad_words: list[str] = field(default_factory=list)  # phrases never generated (vLLM's and TensorRT-LLM's name)
     word_bias: dict[str, float] = field(default_factory=dict)  # phrase -> added to each of its tokens' logits
-    # Set by the engine from bad_words: the token sequences whose last token is banned after the rest.
+    # Token sequences whose last token is banned after the rest (TensorRT-LLM's bad_words_list); the engine adds
+    # bad_words' own.
     bad_word_ids: list[list[int]] = field(default_factory=list)
+    stop_word_ids: list[list[int]] = field(default_factory=list)  # a sample stops once it ends with one of these
     num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
     guided_decoding: GuidedDecoding | None = None  # an output constraint (guided_decoding.py)
     # Set from the return_context_logits / return_generation_logits flags (not sampling parameters): keep the
@@ -136,6 +138,11 @@ class SamplingParams:
                 raise InvalidRequest(f"{name} phrases must be at most {MAX_STOP_STRING_CHARS} characters each")
         for word, bias in self.word_bias.items():
             in_range(f"word_bias[{word!r}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+        for name, sequences in (("bad_word_ids", self.bad_word_ids), ("stop_word_ids", self.stop_word_ids)):
+            if len(sequences) > MAX_BAD_WORDS or any(not 1 <= len(s) <= MAX_STOP_TOKEN_IDS for s in sequences):
+                raise InvalidRequest(
+                    f"{name} takes at most {MAX_BAD_WORDS} token sequences of 1 to {MAX_STOP_TOKEN_IDS} ids each"
+                )
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise InvalidRequest(
                 f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}"
@@ -186,6 +193,12 @@ def _as_int_list(name: str, value) -> list[int]:
     raise InvalidRequest(f"{name} must be a list of integers, got {value!r}")
 
 
+def _as_id_sequences(name: str, value) -> list[list[int]]:
+    if isinstance(value, (list, tuple)):
+        return [_as_int_list(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    raise InvalidRequest(f"{name} must be a list of token id lists, got {value!r}")
+
+
 def _as_logprobs(name: str, value) -> int | None:
     """An integer k (the top k alternatives too), or true/false for just the chosen token's logprob."""
     if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false")):
@@ -222,5 +235,7 @@ _PARSERS = {
     "logit_bias": _as_logit_bias,
     "bad_words": _as_words,
     "word_bias": _as_word_bias,
+    "bad_word_ids": _as_id_sequences,
+    "stop_word_ids": _as_id_sequences,
     "num_speculative_tokens": as_int,
 }

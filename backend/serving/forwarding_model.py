@@ -22,12 +22,16 @@ import triton_python_backend_utils as pb_utils
 
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import CANCEL_FORWARDED, FORWARDED_ID, INVALID_REQUEST, UNAVAILABLE, error_text
-from backend.serving import trtllm_contract as contract
+from backend.serving import trtllm_contract, trtllm_core_contract
+from backend.serving.trtllm_contract import ItemRequest
 
+# config.pbtxt parameter `contract`: which TensorRT-LLM model this one stands in for
+CONTRACTS = {"text": trtllm_contract, "tokens": trtllm_core_contract}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1  # as `llm`'s own sweep (backend/engine/output_sender.py)
 LLM_OUTPUTS = [
     "text_output",
+    "output_ids",
     "sample_index",
     "logprobs",
     "cumulative_logprob",
@@ -45,7 +49,10 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.target = parameters.get("llm_model_name", "llm")
+        self.contract = CONTRACTS[parameters.get("contract", "text")]
         self.input_names = [i["name"] for i in config["input"]]
+        self.in_flight: dict[str, set[_Forwarding]] = {}  # by the client's request id, for stop requests
+        self.lock = threading.Lock()
 
     def execute(self, requests):
         for request in requests:
@@ -56,15 +63,29 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         tensors[name] = tensor.as_numpy()
-                items = [contract.item_request(tensors, b) for b in range(contract.batch_size(tensors))]
+                if getattr(self.contract, "is_stop", None) and self.contract.is_stop(tensors):
+                    self._stop(request.request_id())
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
+                    continue
+                items = [self.contract.item_request(tensors, b) for b in range(self.contract.batch_size(tensors))]
                 self._check_transaction_policy(items)
             except InvalidRequest as exc:
                 sender.send(_error(error_text(str(exc), INVALID_REQUEST)), flags=FINAL)
                 continue
-            _Forwarding(self, sender, items).start()
+            _Forwarding(self, sender, items, request.request_id()).start()
         return None
 
-    def _check_transaction_policy(self, items: list[contract.ItemRequest]) -> None:
+    def _stop(self, request_id: str) -> None:
+        """TensorRT-LLM's stop request: the generations of the request with this id end now, each answering
+        with what it has."""
+        if not request_id:
+            raise InvalidRequest("a stop request must carry the request id of the request to stop")
+        with self.lock:
+            forwardings = list(self.in_flight.get(request_id, ()))
+        for forwarding in forwardings:
+            threading.Thread(target=forwarding.stop, daemon=True, name="trtllm-stop").start()
+
+    def _check_transaction_policy(self, items: list[ItemRequest]) -> None:
         if self.decoupled:
             return
         how = "deploy the model decoupled (model_transaction_policy { decoupled: true }) or use tensorrt_llm_bls"
@@ -81,19 +102,25 @@ class _Forwarding:
     """One client request: its batch items forwarded to `llm` in parallel, their responses sent back as they come,
     then the final flag. A client that cancels has each item's `llm` request cancelled too."""
 
-    def __init__(self, model: TritonPythonModel, sender, items: list[contract.ItemRequest]):
-        self.model, self.sender, self.items = model, sender, items
+    def __init__(self, model: TritonPythonModel, sender, items: list[ItemRequest], request_id: str = ""):
+        self.model, self.sender, self.items, self.request_id = model, sender, items, request_id
         self.lock = threading.Lock()
         self.pending = len(items)
         self.sender_done = False  # a non-decoupled model's one response is sent
+        self.forwarded_ids: set[str] = set()  # its requests to `llm` in flight
 
     def start(self) -> None:
+        if self.request_id:
+            with self.model.lock:
+                self.model.in_flight.setdefault(self.request_id, set()).add(self)
         for b in range(len(self.items)):
             threading.Thread(target=self._run, args=(b,), daemon=True, name="trtllm-forward").start()
 
     def _run(self, b: int) -> None:
         item = self.items[b]
         forwarded_id = uuid.uuid4().hex
+        with self.lock:
+            self.forwarded_ids.add(forwarded_id)
         try:
             responses = self._llm_request(item, forwarded_id).exec(decoupled=True)
             checked = time.monotonic()
@@ -115,18 +142,18 @@ class _Forwarding:
                 if "text_output" not in outputs:
                     continue  # the flags-only final response
                 batch_index = b if len(self.items) > 1 else None
-                for arrays in contract.response_outputs(outputs, item, batch_index):
+                for arrays in self.model.contract.response_outputs(outputs, item, batch_index):
                     self._send(
                         pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
                     )
         except Exception as exc:  # noqa: BLE001 - a BLS failure (llm not loaded, stopped): the client hears it
             self._send(_error(error_text(f"{self.model.target} did not answer: {exc}", UNAVAILABLE)))
         finally:
-            self._item_done()
+            self._item_done(forwarded_id)
 
-    def _llm_request(self, item: contract.ItemRequest, forwarded_id: str):
+    def _llm_request(self, item: ItemRequest, forwarded_id: str):
         tensors = [
-            pb_utils.Tensor("text_input", np.array([item.text_input.encode()], dtype=object)),
+            _prompt_tensor(item.prompt),
             pb_utils.Tensor("sampling_parameters", np.array([json.dumps(item.sampling).encode()], dtype=object)),
         ]
         tensors += [pb_utils.Tensor(name, np.array([value])) for name, value in item.llm_flags().items()]
@@ -156,14 +183,33 @@ class _Forwarding:
                 self.sender.send(response, flags=FINAL)
                 self.sender_done = True
 
-    def _item_done(self) -> None:
+    def stop(self) -> None:
+        """End its generations now: `llm` answers each with the tokens it has, which go to the client."""
         with self.lock:
+            forwarded = list(self.forwarded_ids)
+        for forwarded_id in forwarded:
+            self._cancel(forwarded_id)
+
+    def _item_done(self, forwarded_id: str) -> None:
+        with self.lock:
+            self.forwarded_ids.discard(forwarded_id)
             self.pending -= 1
+            if self.pending == 0 and self.request_id:
+                with self.model.lock:
+                    self.model.in_flight.get(self.request_id, set()).discard(self)
+                    if not self.model.in_flight.get(self.request_id):
+                        self.model.in_flight.pop(self.request_id, None)
             if self.pending == 0 and self.model.decoupled:
                 self.sender.send(flags=FINAL)
             elif self.pending == 0 and not self.sender_done:  # cancelled before any response
                 self.sender.send(_error(error_text("the request was cancelled", UNAVAILABLE)), flags=FINAL)
                 self.sender_done = True
+
+
+def _prompt_tensor(prompt: str | list[int]):
+    if isinstance(prompt, str):
+        return pb_utils.Tensor("text_input", np.array([prompt.encode()], dtype=object))
+    return pb_utils.Tensor("input_ids", np.array(prompt, dtype=np.int32))
 
 
 def _error(message: str):

@@ -121,7 +121,7 @@ _NUMPY = {INT32: np.int32, INT64: np.int64, FP32: np.float32}
 class ItemRequest:
     """What one batch item asks `llm` for."""
 
-    text_input: str
+    prompt: str | list[int]  # text_input, or the core model's input_ids
     sampling: dict[str, Any]
     stream: bool = False
     exclude_input_in_output: bool = False
@@ -145,7 +145,7 @@ class ItemRequest:
         }
 
 
-def _item(name: str, array: np.ndarray, b: int) -> np.ndarray:
+def item_of(name: str, array: np.ndarray, b: int) -> np.ndarray:
     """Batch item b of an input (a batch dimension first, as TensorRT-LLM's clients send every tensor)."""
     if array.ndim == 0 or array.shape[0] <= b:
         raise InvalidRequest(
@@ -155,8 +155,8 @@ def _item(name: str, array: np.ndarray, b: int) -> np.ndarray:
     return array[b]
 
 
-def _scalar(name: str, array: np.ndarray, b: int) -> Any:
-    values = _item(name, array, b).reshape(-1)
+def scalar(name: str, array: np.ndarray, b: int) -> Any:
+    values = item_of(name, array, b).reshape(-1)
     if values.size != 1:
         raise InvalidRequest(f"{name} must hold one value per batch item, got {values.size}")
     value = values[0]
@@ -168,86 +168,115 @@ def _scalar(name: str, array: np.ndarray, b: int) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def _scalar_or(tensors: dict[str, np.ndarray], name: str, b: int, default: Any) -> Any:
+def scalar_or(tensors: dict[str, np.ndarray], name: str, b: int, default: Any) -> Any:
     """Batch item b of input `name`, or `default` where the request leaves it out."""
-    return _scalar(name, tensors[name], b) if name in tensors else default
+    return scalar(name, tensors[name], b) if name in tensors else default
 
 
 def _words(name: str, array: np.ndarray, b: int) -> list[str]:
     """A word list: one phrase per string, empty strings meaning none (TensorRT-LLM's `"bad_words": ""`)."""
     words = []
-    for value in _item(name, array, b).reshape(-1):
+    for value in item_of(name, array, b).reshape(-1):
         text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
         if text:
             words.append(text)
     return words
 
 
-def batch_size(tensors: dict[str, np.ndarray]) -> int:
-    """The request's batch size: the first dimension of text_input, which every other input must have too."""
-    if "text_input" not in tensors:
-        raise InvalidRequest("text_input is required: the prompt, shape [batch, 1]")
-    if "max_tokens" not in tensors:
-        raise InvalidRequest("max_tokens is required: the number of tokens to generate, shape [batch, 1]")
-    size = tensors["text_input"].shape[0] if tensors["text_input"].ndim else 0
+REQUIRED = {
+    "text_input": "the prompt, shape [batch, 1]",
+    "max_tokens": "the number of tokens to generate, shape [batch, 1]",
+}
+
+
+def batch_size(tensors: dict[str, np.ndarray], required: dict[str, str] = REQUIRED) -> int:
+    """The request's batch size: the first dimension of the prompt (the first of `required`, each of which must be
+    there: name -> what it is), which every other input must have too."""
+    for name, what in required.items():
+        if name not in tensors:
+            raise InvalidRequest(f"{name} is required: {what}")
+    prompt = next(iter(required))
+    size = tensors[prompt].shape[0] if tensors[prompt].ndim else 0
     for name, array in tensors.items():
         if array.ndim == 0 or array.shape[0] != size:
             raise InvalidRequest(
-                f"{name} has shape {list(array.shape)}, text_input {list(tensors['text_input'].shape)}: every input "
+                f"{name} has shape {list(array.shape)}, {prompt} {list(tensors[prompt].shape)}: every input "
                 "needs the same batch dimension first"
             )
     if size < 1:
-        raise InvalidRequest("text_input must hold at least one prompt")
+        raise InvalidRequest(f"{prompt} must hold at least one prompt")
     return size
 
 
 def item_request(tensors: dict[str, np.ndarray], b: int) -> ItemRequest:
     """Batch item b of a TensorRT-LLM request as an `llm` request; raises InvalidRequest naming the input."""
-    for name, reason in UNSUPPORTED.items():
-        if name in tensors and _item(name, tensors[name], b).size:
-            raise InvalidRequest(f"{name} is not supported: {reason}")
-    flags = {name: as_bool(name, _scalar(name, tensors[name], b)) for name in FLAGS if name in tensors}
-    sampling: dict[str, Any] = {}
-    for name, (_, key) in SAMPLING.items():
+    refuse_unsupported(tensors, b, UNSUPPORTED)
+    flags = {name: as_bool(name, scalar(name, tensors[name], b)) for name in FLAGS if name in tensors}
+    sampling = sampling_of(tensors, b, SAMPLING)
+    sampling.update(common_sampling(tensors, b, NO_EFFECT))
+    for name in ("bad_words", "stop_words"):
         if name in tensors:
-            sampling[key] = _scalar(name, tensors[name], b)
+            sampling[name] = _words(name, tensors[name], b)
+    sampling.update(_embedding_bias(tensors, b))
+    outputs = outputs_of(flags, sampling)
+    text = scalar("text_input", tensors["text_input"], b)
+    if not isinstance(text, str) or not text:
+        raise InvalidRequest("text_input must be a non-empty string")
+    return ItemRequest(text, sampling, flags.get("stream", False), flags.get("exclude_input_in_output", False), outputs)
+
+
+def refuse_unsupported(tensors: dict[str, np.ndarray], b: int, unsupported: dict[str, str]) -> None:
+    for name, reason in unsupported.items():
+        if name in tensors and item_of(name, tensors[name], b).size:
+            raise InvalidRequest(f"{name} is not supported: {reason}")
+
+
+def sampling_of(tensors: dict[str, np.ndarray], b: int, names: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """The sampling parameters set by inputs `names` (input -> (dtype, parameter)), under TensorRT-LLM's rules:
+    top_p 0 means unset, and with neither top_k (or top_k 1) nor top_p decoding is greedy."""
+    sampling = {key: scalar(name, tensors[name], b) for name, (_, key) in names.items() if name in tensors}
     if sampling.get("top_p") is not None and sampling["top_p"] <= 0:
-        del sampling["top_p"]  # TensorRT-LLM: top_p 0 means unset
-    if not sampling.get("top_k") and "top_p" not in sampling:
-        sampling["temperature"] = 0.0  # TensorRT-LLM: with neither top_k nor top_p, decoding is greedy
-    beam_width = _scalar_or(tensors, "beam_width", b, 1)
+        del sampling["top_p"]
+    if "top_p" not in sampling and sampling.get("top_k", 0) in (0, 1):
+        sampling["temperature"] = 0.0  # top_k 1 alone picks the top token: greedy, so said
+    return sampling
+
+
+def common_sampling(tensors: dict[str, np.ndarray], b: int, no_effect: tuple[str, ...]) -> dict[str, Any]:
+    """What the inputs every TensorRT-LLM model shares ask for: beam_width 1, lora_task_id 0, the no-effect
+    inputs checked, end_id, the guide."""
+    sampling: dict[str, Any] = {}
+    beam_width = scalar_or(tensors, "beam_width", b, 1)
     if beam_width != 1:
         raise InvalidRequest(
             f"beam_width must be 1: beam search is not supported (got {beam_width}); for several answers to one "
             "prompt use num_return_sequences"
         )
-    lora = _scalar_or(tensors, "lora_task_id", b, 0)
+    lora = scalar_or(tensors, "lora_task_id", b, 0)
     if lora:
         raise InvalidRequest(f"lora_task_id {lora}: LoRA adapters are not supported; leave it out or send 0")
-    for name in NO_EFFECT:
+    for name in no_effect:
         if name in tensors:
-            value = _scalar(name, tensors[name], b)
+            value = scalar(name, tensors[name], b)
             if name == "pad_id" and value < 0:
                 raise InvalidRequest(f"pad_id must be a token id (>= 0), got {value}")
     if "end_id" in tensors:
-        end_id = _scalar("end_id", tensors["end_id"], b)
+        end_id = scalar("end_id", tensors["end_id"], b)
         if end_id < 0:
             raise InvalidRequest(f"end_id must be a token id (>= 0), got {end_id}")
         sampling.update(stop_token_ids=[end_id], ignore_eos=True)  # end_id replaces the model's end token
-    for name in ("bad_words", "stop_words"):
-        if name in tensors:
-            sampling[name] = _words(name, tensors[name], b)
-    sampling.update(_embedding_bias(tensors, b))
-    sampling.update(_guide(tensors, b))
+    sampling.update(guide(tensors, b))
+    return sampling
+
+
+def outputs_of(flags: dict[str, bool], sampling: dict[str, Any]) -> set[str]:
+    """The optional outputs the return_* flags ask for (return_log_probs needs the chosen tokens' logprobs)."""
     outputs = set(PERF_OUTPUTS) if flags.get("return_perf_metrics") else set()
     if flags.get("return_log_probs"):
         outputs |= {"cum_log_probs", "output_log_probs"}
         sampling["logprobs"] = 0
     outputs |= {name for name in ("num_input_tokens", "num_output_tokens", *LOGITS) if flags.get(f"return_{name}")}
-    text = _scalar("text_input", tensors["text_input"], b)
-    if not isinstance(text, str) or not text:
-        raise InvalidRequest("text_input must be a non-empty string")
-    return ItemRequest(text, sampling, flags.get("stream", False), flags.get("exclude_input_in_output", False), outputs)
+    return outputs
 
 
 def _embedding_bias(tensors: dict[str, np.ndarray], b: int) -> dict[str, Any]:
@@ -258,9 +287,9 @@ def _embedding_bias(tensors: dict[str, np.ndarray], b: int) -> dict[str, Any]:
         raise InvalidRequest("embedding_bias_words and embedding_bias_weights go together: send both or neither")
     words = [
         v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-        for v in _item("embedding_bias_words", tensors["embedding_bias_words"], b).reshape(-1)
+        for v in item_of("embedding_bias_words", tensors["embedding_bias_words"], b).reshape(-1)
     ]
-    weights = _item("embedding_bias_weights", tensors["embedding_bias_weights"], b).reshape(-1).tolist()
+    weights = item_of("embedding_bias_weights", tensors["embedding_bias_weights"], b).reshape(-1).tolist()
     if len(words) != len(weights):
         raise InvalidRequest(
             f"embedding_bias_words has {len(words)} words and embedding_bias_weights {len(weights)} weights: "
@@ -273,9 +302,9 @@ def _embedding_bias(tensors: dict[str, np.ndarray], b: int) -> dict[str, Any]:
     return {"word_bias": bias} if bias else {}
 
 
-def _guide(tensors: dict[str, np.ndarray], b: int) -> dict[str, Any]:
-    kind = _scalar_or(tensors, "guided_decoding_guide_type", b, "")
-    guide = _scalar_or(tensors, "guided_decoding_guide", b, "")
+def guide(tensors: dict[str, np.ndarray], b: int) -> dict[str, Any]:
+    kind = scalar_or(tensors, "guided_decoding_guide_type", b, "")
+    guide = scalar_or(tensors, "guided_decoding_guide", b, "")
     if not kind:
         if guide:
             raise InvalidRequest(f"guided_decoding_guide needs guided_decoding_guide_type (one of {_guide_types()})")
@@ -299,13 +328,24 @@ def response_outputs(
     """TensorRT-LLM's outputs for one `llm` response (one per sample it carries: `llm` answers a non-streaming
     request with every sample in one response), each tagged with batch_index and sequence_index where asked."""
     texts = llm_outputs["text_output"].reshape(-1)
-    samples = llm_outputs.get("sample_index", np.zeros(len(texts), np.int32)).reshape(-1)
+    out = common_outputs(llm_outputs, item, batch_index)
+    for text, arrays in zip(texts, out):
+        arrays["text_output"] = np.array([text], dtype=object)
+    return out
+
+
+def common_outputs(
+    llm_outputs: dict[str, np.ndarray], item: ItemRequest, batch_index: int | None
+) -> list[dict[str, np.ndarray]]:
+    """The outputs every TensorRT-LLM model shares, one dict per sample of an `llm` response."""
+    num_samples = llm_outputs["text_output"].size
+    samples = llm_outputs.get("sample_index", np.zeros(num_samples, np.int32)).reshape(-1)
     logprobs = llm_outputs.get("logprobs")
     cumulative = llm_outputs.get("cumulative_logprob")
     counts = llm_outputs.get("num_output_tokens")
     out = []
-    for i, text in enumerate(texts):
-        arrays = {"text_output": np.array([text], dtype=object)}
+    for i in range(num_samples):
+        arrays = {}
         if batch_index is not None:
             arrays["batch_index"] = np.array([[batch_index]], np.int32)
         if item.sampling.get("n", 1) > 1:

@@ -128,7 +128,8 @@ def test_launch_serves_again_after_the_python_stub_is_killed(launch):
     wait_ready(http_port, proc, RECOVERY_LIMIT_S, output)
     server_pid = next(c.pid for c in psutil.Process(proc.pid).children() if "tritonserver" in c.name())
     stubs = {name: pid for pid, name in stub_processes(server_pid).items()}
-    assert set(stubs) == {"llm_0_0", "ensemble_0_0", "tensorrt_llm_bls_0_0"}  # TensorRT-LLM's names forward to llm
+    # TensorRT-LLM's model names forward to llm
+    assert set(stubs) == {"llm_0_0", "ensemble_0_0", "tensorrt_llm_bls_0_0", "tensorrt_llm_0_0"}
     stub_pid = stubs["llm_0_0"]
     in_flight = stream_grpc(
         "Write a long story about a lighthouse.",

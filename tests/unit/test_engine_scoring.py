@@ -163,3 +163,23 @@ def test_word_bias_adds_to_each_of_the_words_tokens(make_engine):
     for token_id in engine.input_tokenizer.encode("hello world", add_special_tokens=False):
         expected[token_id] = expected.get(token_id, 0.0) + 2.0
     assert params.logit_bias == expected and len(expected) > 1
+
+
+def test_token_id_word_lists_ban_and_stop(make_engine):
+    """TensorRT-LLM's token-level word lists: bad_word_ids ban a sequence's last token after the rest (with
+    bad_words' own sequences added), and stop_word_ids end a sample once its output ends with one, the sequence
+    kept in output_ids."""
+    engine = make_engine()
+    prompt = "1 2 3 4 5 6 7 8 9 10 11 12"
+    reference = final(run(engine, [engine.build_request("r", prompt, greedy(8))])["r"]).samples[0].token_ids
+    banned = engine.build_request("b", prompt, greedy(8, bad_word_ids=[[reference[0]]]))
+    got = final(run(engine, [banned])["b"]).samples[0].token_ids
+    assert got[0] != reference[0] and reference[0] not in got
+    params = engine.build_request("w", prompt, greedy(8, bad_word_ids=[[7, 8]], bad_words=["zzz"])).params
+    assert [7, 8] in params.bad_word_ids and len(params.bad_word_ids) > 1
+    stop = engine.build_request("s", prompt, greedy(8, stop_word_ids=[reference[2:4], [49151, 1]]))
+    out = final(run(engine, [stop])["s"]).samples[0]
+    assert out.token_ids == reference[:4] and out.finish_reason.value == "stop"
+    with pytest.raises(InvalidRequest, match="bad_word_ids and stop_word_ids must be token ids below 49152"):
+        engine.build_request("x", prompt, greedy(2, stop_word_ids=[[49152]]))
+    check_pool_empty(engine)

@@ -93,11 +93,14 @@ class Sender:
 
 
 class Request:
-    def __init__(self, sender, **tensors):
-        self.sender, self.tensors = sender, tensors
+    def __init__(self, sender, request_id="", **tensors):
+        self.sender, self.tensors, self.id = sender, tensors, request_id
 
     def get_response_sender(self):
         return self.sender
+
+    def request_id(self):
+        return self.id
 
 
 @pytest.fixture
@@ -106,14 +109,12 @@ def make_model(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     module = importlib.reload(importlib.import_module("backend.serving.forwarding_model"))
 
-    def make(decoupled: bool):
+    def make(decoupled: bool, contract: str = "text"):
         model = module.TritonPythonModel()
-        from backend.serving.trtllm_contract import INPUTS
-
         config = {
             "model_transaction_policy": {"decoupled": decoupled},
-            "input": [{"name": name} for name in INPUTS],
-            "parameters": {"llm_model_name": {"string_value": "llm"}},
+            "input": [{"name": name} for name in module.CONTRACTS[contract].INPUTS],
+            "parameters": {"llm_model_name": {"string_value": "llm"}, "contract": {"string_value": contract}},
         }
         model.initialize({"model_config": json.dumps(config)})
         return model, pb
@@ -121,9 +122,9 @@ def make_model(monkeypatch):
     return make
 
 
-def run(model, **tensors) -> Sender:
+def run(model, request_id="", **tensors) -> Sender:
     sender = Sender()
-    model.execute([Request(sender, **tensors)])
+    model.execute([Request(sender, request_id, **tensors)])
     assert sender.done.wait(10)
     return sender
 
@@ -183,3 +184,57 @@ def test_a_cancelled_client_cancels_its_llm_request(make_model, monkeypatch):
     forwarded, cancel = pb.bls
     assert cancel["parameters"] == {"cancel_forwarded": forwarded["parameters"]["forwarded_id"]}
     assert texts(sender) == []
+
+
+def test_the_core_model_sends_token_ids_and_answers_output_ids_after_the_prompt(make_model):
+    model, pb = make_model(decoupled=False, contract="tokens")
+    pb.answer = lambda inputs: [
+        {"text_output": np.array([b"xy"], dtype=object), "output_ids": np.array([7, 8], np.int32)}
+    ]
+    sender = run(
+        model,
+        input_ids=np.array([[5, 6, 0]], np.int32),  # padded past input_lengths
+        input_lengths=np.array([[2]], np.int32),
+        request_output_len=np.array([[2]], np.int32),
+        runtime_top_k=np.array([[1]], np.int32),
+        runtime_top_p=np.array([[0.0]], np.float32),
+    )
+    (call,) = pb.bls
+    assert call["inputs"]["input_ids"].tolist() == [5, 6] and "text_input" not in call["inputs"]
+    assert json.loads(call["inputs"]["sampling_parameters"][0]) == {"max_tokens": 2, "top_k": 1, "temperature": 0.0}
+    (answer,) = texts(sender)
+    assert answer == {"output_ids": [[[5, 6, 7, 8]]], "sequence_length": [[4]]}
+
+
+def test_a_stop_request_ends_the_request_of_the_same_id_with_what_it_has(make_model):
+    model, pb = make_model(decoupled=False, contract="tokens")
+    stopped = threading.Event()
+    original = pb.InferenceRequest.exec
+
+    def exec_(self, decoupled):
+        if "cancel_forwarded" in self.call["parameters"]:
+            stopped.set()
+            return original(self, decoupled)
+        pb.bls.append(self.call)
+        assert stopped.wait(10)  # llm answers once cancelled, with the tokens so far
+        return iter([Response([Tensor("text_output", np.array([b"a"], object)), Tensor("output_ids", [9])])])
+
+    pb.InferenceRequest.exec = exec_
+    first = Sender()
+    inputs = {"input_ids": np.array([[5]], np.int32), "input_lengths": np.array([[1]], np.int32)}
+    model.execute([Request(first, "r1", request_output_len=np.array([[50]], np.int32), **inputs)])
+    while not pb.bls:
+        threading.Event().wait(0.01)
+    stop = run(
+        model,
+        "r1",
+        stop=np.array([[True]]),
+        input_ids=np.empty((1, 1), np.int32),
+        input_lengths=np.array([[0]], np.int32),
+        request_output_len=np.array([[0]], np.int32),
+    )
+    assert [(r.output_tensors, flags) for r, flags in stop.sent] == [([], FINAL)]  # answered at once, empty
+    assert first.done.wait(10)
+    pb.InferenceRequest.exec = original
+    assert texts(first) == [{"output_ids": [[[5, 9]]], "sequence_length": [[2]]}]
+    assert not model.in_flight  # nothing left to stop

@@ -186,6 +186,15 @@ def test_bad_words_and_word_bias():
         SamplingParams.from_dict({"bad_words": [1]})
 
 
+def test_token_id_word_lists():
+    params = SamplingParams.from_dict({"bad_word_ids": [[1, 2], ["3"]], "stop_word_ids": [[4]]})
+    assert params.bad_word_ids == [[1, 2], [3]] and params.stop_word_ids == [[4]]
+    with pytest.raises(InvalidRequest, match="stop_word_ids takes at most 64 token sequences of 1 to 64 ids"):
+        SamplingParams.from_dict({"stop_word_ids": [[]]})
+    with pytest.raises(InvalidRequest, match="bad_word_ids must be a list of token id lists"):
+        SamplingParams.from_dict({"bad_word_ids": 5})
+
+
 def test_an_empty_stop_words_string_means_none():
     """TensorRT-LLM's clients send `"stop_words": ""`; `stop` (vLLM's name) still refuses an empty string."""
     assert SamplingParams.from_dict({"stop_words": ""}).stop == []

@@ -32,7 +32,7 @@ def test_the_readme_request_is_a_plain_request():
     request = tensors(text_input="What is machine learning?", max_tokens=20, bad_words="", stop_words="")
     assert contract.batch_size(request) == 1
     item = contract.item_request(request, 0)
-    assert item.text_input == "What is machine learning?"
+    assert item.prompt == "What is machine learning?"
     # greedy, as TensorRT-LLM decodes with neither top_k nor top_p
     assert item.sampling == {"max_tokens": 20, "temperature": 0.0, "bad_words": [], "stop_words": []}
     assert not item.stream and not item.outputs
@@ -124,7 +124,7 @@ def test_a_batch_of_prompts_gives_one_item_each():
     }
     assert contract.batch_size(request) == 3
     items = [contract.item_request(request, b) for b in range(3)]
-    assert [i.text_input for i in items] == ["one", "two", "three"]
+    assert [i.prompt for i in items] == ["one", "two", "three"]
     assert [i.sampling["max_tokens"] for i in items] == [1, 2, 3]
     assert [i.sampling["bad_words"] for i in items] == [["x"], [], ["y", "z"]]
 
