@@ -47,8 +47,9 @@ def read_parameters(config_path: Path = DEFAULT_MODEL_REPOSITORY / "llm" / "conf
     return dict(_ANY_ENTRY.findall(text))
 
 
-# The models of model_repository/ that serve TensorRT-LLM's client contract through `llm` (no weights of their own).
-FORWARDING_MODELS = ("ensemble", "tensorrt_llm_bls", "tensorrt_llm")
+# The models of model_repository/ that serve TensorRT-LLM's client contract beside `llm` (no weights of their own):
+# three forward to `llm`, two run `llm`'s tokenizer.
+TENSORRT_LLM_MODELS = ("ensemble", "tensorrt_llm_bls", "tensorrt_llm", "preprocessing", "postprocessing")
 
 
 def write_model_repository(
@@ -56,7 +57,8 @@ def write_model_repository(
 ) -> Path:
     """A model repository under `root` with one model per variant: `source`'s config.pbtxt under the variant's
     name with its parameter overrides (`model` made absolute), `source`'s 1/model.py linked; with a variant named
-    `llm`, the FORWARDING_MODELS found beside `source` too. Returns `root`."""
+    `llm`, the TENSORRT_LLM_MODELS found beside `source` too, their `tokenizer_dir` the `llm` variant's model.
+    Returns `root`."""
     base = with_absolute_model((source / "config.pbtxt").read_text(), source)
     for name, overrides in variants.items():
         text, count = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', base, count=1, flags=re.MULTILINE)
@@ -70,9 +72,14 @@ def write_model_repository(
         if not link.exists():
             link.symlink_to((source / "1" / "model.py").resolve())
         (root / name / "config.pbtxt").write_text(text)
-    for name in FORWARDING_MODELS:  # TensorRT-LLM's model names, forwarding to the variant named `llm`
+    for name in TENSORRT_LLM_MODELS:  # TensorRT-LLM's model names, serving through the variant named `llm`
         if "llm" in variants and (source.parent / name).is_dir() and not (root / name).exists():
             (root / name / "1").mkdir(parents=True)
-            (root / name / "config.pbtxt").write_text((source.parent / name / "config.pbtxt").read_text())
+            text = (source.parent / name / "config.pbtxt").read_text()
+            if get_parameter(text, "tokenizer_dir") is not None:
+                text = set_parameter(
+                    text, "tokenizer_dir", get_parameter((root / "llm" / "config.pbtxt").read_text(), "model")
+                )
+            (root / name / "config.pbtxt").write_text(text)
             (root / name / "1" / "model.py").symlink_to((source.parent / name / "1" / "model.py").resolve())
     return root

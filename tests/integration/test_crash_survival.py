@@ -18,7 +18,7 @@ import pytest
 
 import launcher
 from client import ServerError, generate_http, stream_grpc
-from launcher.model_config import write_model_repository
+from launcher.model_config import TENSORRT_LLM_MODELS, write_model_repository
 from launcher.supervisor import stub_processes
 from testkit.launch import start_launch
 
@@ -128,8 +128,8 @@ def test_launch_serves_again_after_the_python_stub_is_killed(launch):
     wait_ready(http_port, proc, RECOVERY_LIMIT_S, output)
     server_pid = next(c.pid for c in psutil.Process(proc.pid).children() if "tritonserver" in c.name())
     stubs = {name: pid for pid, name in stub_processes(server_pid).items()}
-    # TensorRT-LLM's model names forward to llm
-    assert set(stubs) == {"llm_0_0", "ensemble_0_0", "tensorrt_llm_bls_0_0", "tensorrt_llm_0_0"}
+    # TensorRT-LLM's model names, beside llm
+    assert set(stubs) == {f"{name}_0_0" for name in ("llm", *TENSORRT_LLM_MODELS)}
     stub_pid = stubs["llm_0_0"]
     in_flight = stream_grpc(
         "Write a long story about a lighthouse.",

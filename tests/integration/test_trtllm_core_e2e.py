@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from backend.serving.trtllm_core_contract import INPUTS
-from tests.integration.test_trtllm_contract_e2e import NUMPY, PROMPT, client_inputs
+from tests.integration.test_trtllm_contract_e2e import NUMPY, PROMPT, client_inputs, grpc_stream
 
 MODEL = "tensorrt_llm"
 
@@ -124,4 +124,38 @@ def test_a_stop_request_ends_the_request_of_the_same_id_early(server, reference)
     assert not isinstance(answer, InferenceServerException), answer
     length = answer.as_numpy("sequence_length")[0, 0]
     assert len(ids) < length < len(ids) + 400
+    client.close()
+
+
+def test_its_pipeline_of_preprocessing_core_and_postprocessing_equals_the_ensemble(server):
+    """end_to_end_test.py's check: preprocessing, tensorrt_llm and postprocessing called in turn give the ensemble's
+    text_output byte for byte, and the same log probs."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    words = {"BAD_WORDS_DICT": np.array([[b""]], object), "STOP_WORDS_DICT": np.array([[b""]], object)}
+    query = {"QUERY": np.array([[PROMPT.encode()]], object), "REQUEST_OUTPUT_LEN": np.array([[10]], np.int32)}
+    pre = client.infer("preprocessing", client_inputs({**query, **words}))
+    core = {
+        "input_ids": pre.as_numpy("INPUT_ID"),
+        "input_lengths": pre.as_numpy("REQUEST_INPUT_LEN"),
+        "request_output_len": pre.as_numpy("REQUEST_OUTPUT_LEN"),
+        "decoder_input_ids": pre.as_numpy("DECODER_INPUT_ID"),
+        "end_id": pre.as_numpy("OUT_END_ID"),
+        "pad_id": pre.as_numpy("OUT_PAD_ID"),
+        "bad_words_list": pre.as_numpy("BAD_WORDS_IDS"),
+        "stop_words_list": pre.as_numpy("STOP_WORDS_IDS"),
+        "return_log_probs": np.array([[True]]),
+    }
+    answer = client.infer(MODEL, client_inputs(core))
+    tokens = {"TOKENS_BATCH": answer.as_numpy("output_ids"), "SEQUENCE_LENGTH": answer.as_numpy("sequence_length")}
+    text = client.infer("postprocessing", client_inputs(tokens)).as_numpy("OUTPUT")
+    ensemble = {
+        "text_input": np.array([[PROMPT.encode()]], object),
+        "max_tokens": np.array([[10]], np.int32),
+        "bad_words": np.array([[b""]], object),
+        "stop_words": np.array([[b""]], object),
+        "return_log_probs": np.array([[True]]),
+    }
+    (expected,) = grpc_stream(server, "ensemble", ensemble, outputs=("text_output", "cum_log_probs"))
+    assert text.tolist() == expected.as_numpy("text_output").tolist()
+    np.testing.assert_allclose(answer.as_numpy("cum_log_probs"), expected.as_numpy("cum_log_probs"), atol=1e-5)
     client.close()

@@ -42,10 +42,17 @@ def test_write_model_repository_writes_one_model_per_variant(tmp_path):
     (forwarding / "1").mkdir(parents=True)
     (forwarding / "1" / "model.py").write_text("# forwarding\n")
     (forwarding / "config.pbtxt").write_text('name: "ensemble"\n')
+    tokenizing = tmp_path / "src" / "preprocessing"
+    (tokenizing / "1").mkdir(parents=True)
+    (tokenizing / "1" / "model.py").write_text("# tokenizer\n")
+    (tokenizing / "config.pbtxt").write_text('name: "preprocessing"\n' + set_parameter("", "tokenizer_dir", "../x"))
     root = write_model_repository(
         tmp_path / "repo", {"llm": {}, "llm_fp32": {"dtype": "float32", "max_num_seqs": 4}}, source
     )
-    assert sorted(p.name for p in root.iterdir()) == ["ensemble", "llm", "llm_fp32"]
+    assert sorted(p.name for p in root.iterdir()) == ["ensemble", "llm", "llm_fp32", "preprocessing"]
+    # the tokenizer models read the tokenizer of the model `llm` serves
+    tokenizer_dir = get_parameter((root / "preprocessing" / "config.pbtxt").read_text(), "tokenizer_dir")
+    assert tokenizer_dir == get_parameter((root / "llm" / "config.pbtxt").read_text(), "model")
     assert (root / "ensemble" / "1" / "model.py").read_text() == "# forwarding\n"
     assert (root / "ensemble" / "config.pbtxt").read_text() == 'name: "ensemble"\n'
     model = str((tmp_path / "models" / "m").resolve())

@@ -245,12 +245,20 @@ TYPES = {
 }
 
 
-@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_the_model_configs_declare_the_contracts_tensors(model):
+def declared_tensors(model: str) -> tuple[dict, dict, str]:
+    """(inputs, outputs) a model_repository config.pbtxt declares, name -> (datatype, dims), and its text."""
     text = (REPO / "model_repository" / model / "config.pbtxt").read_text()
     pattern = r'\{ name: "(\w+)", data_type: (\w+), dims: \[ ([-\d, ]+) \]'
-    declared = {n: (TYPES[t], [int(d) for d in dims.split(",")]) for n, t, dims in re.findall(pattern, text)}
     inputs, _, outputs = text.partition("output [")
-    assert {n: declared[n] for n in re.findall(r'name: "(\w+)"', inputs) if n in declared} == contract.INPUTS
-    assert {n: declared[n] for n in re.findall(r'name: "(\w+)"', outputs)} == contract.OUTPUTS
+    tensors = [
+        {n: (TYPES[t], [int(d) for d in dims.split(",")]) for n, t, dims in re.findall(pattern, part)}
+        for part in (inputs, outputs)
+    ]
+    return tensors[0], tensors[1], text
+
+
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_the_model_configs_declare_the_contracts_tensors(model):
+    inputs, outputs, text = declared_tensors(model)
+    assert (inputs, outputs) == (contract.INPUTS, contract.OUTPUTS)
     assert "max_batch_size: 64" in text

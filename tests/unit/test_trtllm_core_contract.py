@@ -13,7 +13,7 @@ import pytest
 
 from backend.protocol.values import InvalidRequest
 from backend.serving import trtllm_core_contract as core
-from tests.unit.test_trtllm_contract import NUMPY, TYPES
+from tests.unit.test_trtllm_contract import NUMPY, declared_tensors
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,10 +109,6 @@ def test_a_stop_request_is_recognised_before_its_other_inputs_are_read():
 
 
 def test_the_model_config_declares_the_contracts_tensors():
-    text = (REPO / "model_repository" / "tensorrt_llm" / "config.pbtxt").read_text()
-    pattern = r'\{ name: "(\w+)", data_type: (\w+), dims: \[ ([-\d, ]+) \]'
-    declared = {n: (TYPES[t], [int(d) for d in dims.split(",")]) for n, t, dims in re.findall(pattern, text)}
-    inputs, _, outputs = text.partition("output [")
-    assert {n: declared[n] for n in re.findall(r'name: "(\w+)"', inputs) if n in declared} == core.INPUTS
-    assert {n: declared[n] for n in re.findall(r'name: "(\w+)"', outputs)} == core.OUTPUTS
+    inputs, outputs, text = declared_tensors("tensorrt_llm")
+    assert (inputs, outputs) == (core.INPUTS, core.OUTPUTS)
     assert 'key: "contract", value: { string_value: "tokens" }' in text and "max_batch_size: 64" in text
