@@ -1,7 +1,8 @@
-"""Triton glue of the TensorRT-LLM contract's models (`ensemble`, `tensorrt_llm_bls`): each batch item of a request
-becomes one request to `llm` through BLS, on a thread of its own, and `llm`'s responses come back translated
-(`trtllm_contract.py`). `llm`'s one engine serves them all, in its in-flight batch beside everyone else's requests;
-these models hold no weights and load in a second.
+"""Triton glue of the TensorRT-LLM contract's models (`ensemble`, `tensorrt_llm_bls`, and the core `tensorrt_llm`):
+each batch item of a request becomes one request to `llm` through BLS, on a thread of its own, and `llm`'s responses
+come back translated (`trtllm_contract.py`, `trtllm_core_contract.py`, chosen by the `contract` parameter).
+`llm`'s one engine serves them all, in its in-flight batch beside everyone else's requests; these models hold no
+weights and load in a second.
 
 A model's transaction policy decides what its clients can do (Triton 2.51): decoupled, it streams (`stream: true`,
 `generate_stream`, gRPC streams) and answers unary calls only through `generate`; not decoupled, it answers HTTP
@@ -63,7 +64,7 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         tensors[name] = tensor.as_numpy()
-                if getattr(self.contract, "is_stop", None) and self.contract.is_stop(tensors):
+                if self.contract.is_stop(tensors):
                     self._stop(request.request_id())
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
                     continue

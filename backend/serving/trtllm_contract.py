@@ -189,6 +189,11 @@ REQUIRED = {
 }
 
 
+def is_stop(tensors: dict[str, np.ndarray]) -> bool:
+    """Whether the request is a stop request: never here (only the core model has `stop`)."""
+    return False
+
+
 def batch_size(tensors: dict[str, np.ndarray], required: dict[str, str] = REQUIRED) -> int:
     """The request's batch size: the first dimension of the prompt (the first of `required`, each of which must be
     there: name -> what it is), which every other input must have too."""

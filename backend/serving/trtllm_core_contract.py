@@ -151,7 +151,7 @@ OUTPUTS = {
 
 def is_stop(tensors: dict[str, np.ndarray]) -> bool:
     """A stop request: `stop` true cancels the generations of the request with the same request id."""
-    return "stop" in tensors and bool(np.asarray(tensors["stop"]).reshape(-1)[:1].astype(bool).any())
+    return "stop" in tensors and bool(np.any(tensors["stop"]))
 
 
 def batch_size(tensors: dict[str, np.ndarray]) -> int:
