@@ -20,6 +20,11 @@ def _add_options(parser) -> None:
     )
     group.add_argument("--model", default="llm", help="model name on the server (default llm)")
     group.add_argument(
+        "--trtllm-model",
+        default="tensorrt_llm_bls",
+        help="the non-decoupled TensorRT-LLM model TrtllmInferUser calls (default tensorrt_llm_bls)",
+    )
+    group.add_argument(
         "--prompts-file",
         default="",
         help="prompts: .txt (one per line), .jsonl or .json (records with prompt and optional "

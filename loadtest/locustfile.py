@@ -1,12 +1,14 @@
 """Locust load test for the `llm` model, calling the live server the way real clients do.
 
-Four user types (equal weights; pick some by naming them after the options, e.g. `... GrpcStreamUser`):
+Five user types (equal weights; pick some by naming them after the options, e.g. `... GrpcStreamUser`):
 
     GrpcStreamUser     gRPC bi-directional streaming (tritonclient, via client/api.py GrpcStream)
     HttpStreamUser     POST /v2/models/<model>/generate_stream (server-sent events)
     HttpGenerateUser   POST /v2/models/<model>/generate (one JSON answer)
     OpenAIChatUser     POST /v1/chat/completions on the OpenAI-compatible front door (--openai-url), streamed
                        with stream_options.include_usage (token counts from the usage chunk)
+    TrtllmInferUser    POST /v2/models/<--trtllm-model>/infer, unary, with TensorRT-LLM's `[1, 1]` tensors (its
+                       non-decoupled tensorrt_llm_bls by default, served by llm's engine)
 
 Each user sends one request after the other (closed loop; `--wait-time` adds think time). Prompts come from
 the built-in synthetic set or `--prompts-file` (.txt / .jsonl / .json, see loadtest/workload.py); output
@@ -15,7 +17,8 @@ lengths (max_tokens, with ignore_eos so the server generates exactly that many) 
 
 What lands in Locust's own statistics (web UI, --csv, --html), one row per (Type, Name):
 
-    Type grpc_stream / http_stream / http_generate / openai_chat, Name <model>:
+    Type grpc_stream / http_stream / http_generate / openai_chat / trtllm_infer, Name <model> (--model, or
+        --trtllm-model for trtllm_infer):
         end-to-end latency per request; "size" = output tokens (Average Content Size = mean output tokens);
         ServerError and any other failure are Locust failures.
     Type TTFT, Name <user type>:   time to first token (streaming users); size = prompt tokens
@@ -139,11 +142,20 @@ class _LLMUser(User):
             completion = self.call(sample.prompt, self._params(sample.max_tokens))
             self.check(completion, sample.max_tokens)
         except Exception as exc:  # ServerError (the server's message), transport errors, bad answers
-            self._fire(self.request_type, self.options.model, (time.perf_counter() - started) * 1000.0, 0, exc)
+            self._fire(self.request_type, self.model, (time.perf_counter() - started) * 1000.0, 0, exc)
             if self.options.failure_backoff > 0:
                 gevent.sleep(self.options.failure_backoff)
             return
         self._report(completion)
+
+    @property
+    def model(self) -> str:
+        return self.options.model
+
+    @property
+    def unary(self) -> bool:
+        """One answer per request: no TTFT or ITL to report."""
+        return self.request_type in ("http_generate", "trtllm_infer")
 
     def call(self, prompt: str, params: dict) -> Completion:
         raise NotImplementedError
@@ -156,8 +168,8 @@ class _LLMUser(User):
             raise ServerError(f"asked for {max_tokens} tokens with ignore_eos, got {n}")
 
     def _report(self, c: Completion) -> None:
-        self._fire(self.request_type, self.options.model, c.e2e_s * 1000.0, c.num_output_tokens)
-        if self.request_type == "http_generate":
+        self._fire(self.request_type, self.model, c.e2e_s * 1000.0, c.num_output_tokens)
+        if self.unary:
             return
         if c.ttft_s is not None:
             self._fire("TTFT", self.request_type, c.ttft_s * 1000.0, c.num_input_tokens or 0)
@@ -295,6 +307,47 @@ class OpenAIChatUser(_LLMUser):
         completion = Completion.from_chunks(chunks, started)
         completion.num_input_tokens = usage["prompt_tokens"]
         completion.num_output_tokens = usage["completion_tokens"]
+        return completion
+
+
+class TrtllmInferUser(_LLMUser):
+    """HTTP infer (unary) as TensorRT-LLM's clients call its non-decoupled models: `[1, 1]` tensors, one JSON
+    answer; ignore_eos becomes min_tokens = max_tokens (TensorRT-LLM has no ignore_eos), a temperature above 0
+    samples (top_p 1: with neither top_k nor top_p TensorRT-LLM decodes greedily)."""
+
+    request_type = "trtllm_infer"
+
+    @property
+    def model(self) -> str:
+        return self.options.trtllm_model
+
+    def call(self, prompt: str, params: dict) -> Completion:
+        values = {"text_input": ("BYTES", prompt), "max_tokens": ("INT32", params["max_tokens"])}
+        values["exclude_input_in_output"] = ("BOOL", True)
+        values["return_num_output_tokens"] = ("BOOL", True)
+        if params.get("ignore_eos"):
+            values["min_tokens"] = ("INT32", params["max_tokens"])
+        if params["temperature"] > 0:
+            values |= {"temperature": ("FP32", params["temperature"]), "top_p": ("FP32", 1.0)}
+        body = {
+            "inputs": [{"name": k, "shape": [1, 1], "datatype": t, "data": [v]} for k, (t, v) in values.items()],
+            "outputs": [{"name": "text_output"}, {"name": "num_output_tokens"}],
+        }
+        url = urllib.parse.urlsplit(_http_url(self.host))
+        started = time.perf_counter()
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=self.options.request_timeout)
+        try:
+            conn.request("POST", f"/v2/models/{self.model}/infer", body=json.dumps(body).encode())
+            response = conn.getresponse()
+            answer = json.loads(response.read().decode(errors="replace") or "{}")
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise ServerError(f"HTTP {response.status}: {answer.get('error', answer)}")
+        outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+        ended = time.perf_counter()
+        completion = Completion.from_chunks([Chunk(text=outputs["text_output"][0], received_at=ended)], started, ended)
+        completion.num_output_tokens = int(outputs["num_output_tokens"][0])
         return completion
 
 

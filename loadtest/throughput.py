@@ -14,7 +14,8 @@ from locust import events
 from locust import stats as locust_stats
 from locust.runners import WorkerRunner
 
-E2E_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat")  # the request types of the users
+# the request types of the users
+E2E_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat", "trtllm_infer")
 THROUGHPUT_TYPE = "THROUGHPUT"
 TOKENS_NAME = "output_tok/s (value, not ms)"
 REQUESTS_NAME = "requests/s (value, not ms)"
@@ -83,8 +84,10 @@ def summary_rows(environment) -> list[dict]:
     stats = environment.stats
     duration = max((stats.total.last_request_timestamp or stats.total.start_time) - stats.total.start_time, 1e-9)
     rows = []
+    options = environment.parsed_options
     for kind in E2E_TYPES:
-        entry = stats.entries.get((environment.parsed_options.model, kind))
+        model = options.trtllm_model if kind == "trtllm_infer" else options.model
+        entry = stats.entries.get((model, kind))
         if entry is None or entry.num_requests == 0:
             continue
         ok = entry.num_requests - entry.num_failures

@@ -15,7 +15,8 @@ from launcher.paths import REPO_ROOT
 
 LOCUSTFILE = REPO_ROOT / "loadtest" / "locustfile.py"
 
-USER_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat")
+USER_TYPES = ("grpc_stream", "http_stream", "http_generate", "openai_chat", "trtllm_infer")
+MODEL_OF = {"trtllm_infer": "tensorrt_llm_bls"}  # TensorRT-LLM's unary model; the others call llm
 STREAMING = ("grpc_stream", "http_stream", "openai_chat")
 
 
@@ -41,9 +42,9 @@ def test_locust_headless_run(server, tmp_path):
         str(LOCUSTFILE),
         "--headless",
         "-u",
-        "4",
+        "5",
         "-r",
-        "4",
+        "5",
         "-t",
         "8s",
         "--stop-timeout",
@@ -79,7 +80,7 @@ def test_locust_headless_run(server, tmp_path):
     stats = _read_stats(Path(f"{prefix}_stats.csv"))
     tail = f"\nstats rows: {sorted(stats)}\nlocust output:\n{output[-4000:]}"
     for kind in USER_TYPES:
-        row = stats.get((kind, "llm"))
+        row = stats.get((kind, MODEL_OF.get(kind, "llm")))
         assert row is not None, f"no {kind} row{tail}"
         assert int(row["Request Count"]) > 0, f"no {kind} requests{tail}"
         assert int(row["Failure Count"]) == 0, f"{kind} failures{tail}"
@@ -94,7 +95,8 @@ def test_locust_headless_run(server, tmp_path):
         assert float(stats[("TTFT", kind)]["Average Response Time"]) <= float(
             stats[(kind, "llm")]["Average Response Time"]
         ), tail
-    assert ("ITL", "http_generate") not in stats and ("TTFT", "http_generate") not in stats
+    for unary in ("http_generate", "trtllm_infer"):
+        assert ("ITL", unary) not in stats and ("TTFT", unary) not in stats
     assert any(t == "THROUGHPUT" for t, _ in stats), f"no THROUGHPUT rows{tail}"
 
     assert not [r for r in csv.DictReader(Path(f"{prefix}_failures.csv").open())], tail
