@@ -24,6 +24,7 @@ import triton_python_backend_utils as pb_utils
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import CANCEL_FORWARDED, FORWARDED_ID, INVALID_REQUEST, UNAVAILABLE, error_text
 from backend.serving import trtllm_contract, trtllm_core_contract
+from backend.serving.stub_process import exit_stub_process
 from backend.serving.trtllm_contract import ItemRequest
 
 # config.pbtxt parameter `contract`: which TensorRT-LLM model this one stands in for
@@ -75,6 +76,9 @@ class TritonPythonModel:
                 continue
             _Forwarding(self, sender, items, request.request_id()).start()
         return None
+
+    def finalize(self):
+        exit_stub_process()
 
     def _stop(self, request_id: str) -> None:
         """TensorRT-LLM's stop request: the generations of the request with this id end now, each answering

@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 from backend.protocol.values import InvalidRequest, as_bool
 from backend.protocol.wire import INVALID_REQUEST, error_text
 from backend.serving import trtllm_tokenizer
+from backend.serving.stub_process import exit_stub_process
 
 
 class _TokenizerModel:
@@ -43,6 +44,9 @@ class _TokenizerModel:
                 continue
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(k, v) for k, v in arrays.items()]))
         return responses
+
+    def finalize(self):
+        exit_stub_process()
 
 
 class Preprocessing(_TokenizerModel):

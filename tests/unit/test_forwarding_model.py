@@ -238,3 +238,11 @@ def test_a_stop_request_ends_the_request_of_the_same_id_with_what_it_has(make_mo
     pb.InferenceRequest.exec = original
     assert texts(first) == [{"output_ids": [[[5, 9]]], "sequence_length": [[2]]}]
     assert not model.in_flight  # nothing left to stop
+
+
+def test_finalize_ends_the_stub_without_the_interpreters_teardown(make_model, monkeypatch):
+    model, _ = make_model(decoupled=True)
+    exits = []
+    monkeypatch.setattr(sys.modules["backend.serving.forwarding_model"], "exit_stub_process", lambda: exits.append(1))
+    model.finalize()
+    assert exits == [1]

@@ -8,8 +8,6 @@ thread never waits on a round trip to the server.
 import dataclasses
 import json
 import logging
-import os
-import sys
 import uuid
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from backend.serving.batch_view import WatchStream, engine_summary, is_watch_req
 from backend.serving.forwarded import ForwardedRequests, split_parameters
 from backend.serving.request_inputs import parse_request
 from backend.serving.response_tensors import TokenTexts, response_arrays
+from backend.serving.stub_process import exit_stub_process
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _log = logging.getLogger("backend.triton_model")
@@ -172,17 +171,7 @@ class TritonPythonModel:
         self.metrics_publisher.close()
         self.engine.metrics.sinks.clear()
         self.metrics_publisher.sink.close()  # an unloaded model leaves no metrics behind
-        # The stub answered Triton's finalize request before calling this; all that is left is the interpreter's
-        # teardown (torch and the rest: 0.6 s for one stub, 8 s for nine on two cores), which Triton waits for
-        # within its exit timeout and nothing of ours needs (docs/engine.md, "Start and stop").
-        exit_stub_process()
-
-
-def exit_stub_process() -> None:
-    """End the stub process now, its output flushed, skipping the interpreter's teardown."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(0)
+        exit_stub_process()  # the stub answered Triton's finalize request before calling this
 
 
 class _ResponseWriter:
