@@ -87,7 +87,10 @@ class OutputProcessor:
         if (
             token_id in params.stop_token_ids
             or (not params.ignore_eos and token_id in self.eos_token_ids)
-            or any(_ends_with(seq.output_token_ids, s) for s in params.stop_word_ids)
+            or (
+                seq.num_output_tokens >= params.min_tokens
+                and _ends_with_any(seq.output_token_ids, params.stop_word_ids)
+            )
         ):
             reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
             if params.include_stop_str_in_output:
@@ -168,8 +171,8 @@ def _sample_output(
     )
 
 
-def _ends_with(tokens: list[int], suffix: list[int]) -> bool:
-    return len(tokens) >= len(suffix) and tokens[len(tokens) - len(suffix) :] == suffix
+def _ends_with_any(tokens: list[int], suffixes: list[list[int]]) -> bool:
+    return any(len(tokens) >= len(s) and tokens[len(tokens) - len(s) :] == s for s in suffixes)
 
 
 def _tracks_cumulative(seq: Sequence) -> bool:

@@ -105,8 +105,8 @@ class Scheduler:
             extra = len(self._unforked.get(seq.seq_id, ())) if seq.seq_id not in self._reserved else 0
             if len(self.running) + self.reserved_slots + 1 + extra > self.max_num_seqs:
                 break
-            # prompt logprobs need every prompt position's logits: such a prompt is computed whole, not read
-            # from the prefix cache (its blocks are still registered for later requests)
+            # prompt logprobs and context logits need every prompt position's logits: such a prompt is computed
+            # whole, not read from the prefix cache (its blocks are still registered for later requests)
             cached = [] if request.computing_prompt_outputs else self.block_manager.match_prefix(seq.token_ids)
             num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.can_admit(seq, cached, num_new):

@@ -180,6 +180,8 @@ def test_token_id_word_lists_ban_and_stop(make_engine):
     stop = engine.build_request("s", prompt, greedy(8, stop_word_ids=[reference[2:4], [49151, 1]]))
     out = final(run(engine, [stop])["s"]).samples[0]
     assert out.token_ids == reference[:4] and out.finish_reason.value == "stop"
+    held = engine.build_request("m", prompt, greedy(8, stop_word_ids=[reference[2:4]], min_tokens=6))
+    assert len(final(run(engine, [held])["m"]).samples[0].token_ids) >= 6  # no stop before min_tokens
     with pytest.raises(InvalidRequest, match="bad_word_ids and stop_word_ids must be token ids below 49152"):
         engine.build_request("x", prompt, greedy(2, stop_word_ids=[[49152]]))
     check_pool_empty(engine)
