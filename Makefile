@@ -81,7 +81,7 @@ $(MODEL_STAMP): launcher/prepare_model.py | $(VENV_STAMP)
 # The C++ low-bit kernels (backend/model/kernels/lowbit.cpp), built once per source hash into .cache/kernels; one
 # build serves every x86 CPU (the instruction set is chosen at run time). Where it cannot build, the server
 # runs the pure-torch path and says so in its load log.
-$(KERNEL_STAMP): $(wildcard backend/model/kernels/*.cpp) backend/model/kernels/__init__.py | $(VENV_STAMP)
+$(KERNEL_STAMP): $(wildcard backend/model/kernels/*.cpp backend/model/kernels/*.h) backend/model/kernels/__init__.py | $(VENV_STAMP)
 	$(VENV_PY) -m backend.model.kernels
 	@mkdir -p $(@D) && touch $@
 

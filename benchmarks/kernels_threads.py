@@ -41,6 +41,34 @@ def kernel_rows(engine, threads: list[int]) -> tuple[list[str], dict]:
     return lines, data
 
 
+def exactness_rows(engine, rows: tuple[int, ...] = (1, 4, 32)) -> tuple[list[str], dict]:
+    """How far our kernel and torch's fp32 matmul each land from the exact (float64) product of the de-quantized
+    weights, over the served model's low-bit layers at a few row counts (normal activations): the kernel regroups
+    its sums (docs/engine.md, "Exactness of the low-bit kernels"), which must stay the size of fp32's own error."""
+    layers = [lin for lin in engine_linears(engine) if hasattr(lin, "blocks")]
+    if not layers:
+        return [], {}
+    generator = torch.Generator().manual_seed(0)
+    ours, dense, ratios = 0.0, 0.0, []
+    for m in rows:
+        for lin in layers:
+            x = torch.randn(m, lin.weight.shape[1], generator=generator)
+            exact = x.double() @ lin.weight.double().T
+            ours_error = lin.kernel.lowbit_linear(x, lin.blocks, lin.out_features, lin.format, lin.isa) - exact
+            dense_error = (x @ lin.weight.T).double() - exact
+            a, b = ours_error.abs().max().item(), dense_error.abs().max().item()
+            ours, dense = max(ours, a), max(dense, b)
+            ratios.append(a / b)
+    ratios.sort()
+    data = {"ours": ours, "torch_fp32": dense, "ratio_median": ratios[len(ratios) // 2], "ratio_max": ratios[-1]}
+    return [
+        f"Against the exact (float64) product of the de-quantized weights, over the {len(layers)} low-bit layers at "
+        f"M = {', '.join(map(str, rows))} (normal activations, {kernels.ISA_NAMES[layers[0].isa]}): largest absolute "
+        f"difference {ours:.2e} for our kernel, {dense:.2e} for torch's fp32 matmul on the same weights; per layer "
+        f"ours / torch's {data['ratio_median']:.2f}x (median), {data['ratio_max']:.2f}x (largest).",
+    ], data
+
+
 def served_rows(bench: Bench, variants: dict[str, str]) -> tuple[list[str], dict]:
     """Output tok/s through Triton of each (label -> variant) at each concurrency level."""
     s, data = bench.s, {}
@@ -64,6 +92,7 @@ def run(bench: Bench) -> list[str]:
     engine = bench.engine(MAIN_MODEL)
     log("7: linear layers per step size")
     kernel_lines, kernel_data = kernel_rows(engine, sorted({1, s.peer_threads}))
+    exact_lines, exact_data = exactness_rows(engine)
     torch.set_num_threads(s.threads)
     served = {
         f"served default ({MAIN_MODEL}: {engine.config.dtype}, quantization {engine.config.quantization})": MAIN_MODEL,
@@ -79,6 +108,7 @@ def run(bench: Bench) -> list[str]:
     )
     bench.results["sections"]["7"] = {
         "linear_ms": kernel_data,
+        "exactness": exact_data,
         "served_tok_s": served_data,
         "threads_tok_s": thread_data,
     }
@@ -89,6 +119,8 @@ def run(bench: Bench) -> list[str]:
         f"{engine.runner.max_lowbit_rows} rows (`max_lowbit_rows`) and the dense GEMM above.",
         "",
         *kernel_lines,
+        "",
+        *exact_lines,
         "",
         "Output tokens/s through Triton, the throughput workload of sections 2 and 6, each path in the same run "
         "(ratios against the first row). `quantization: auto` takes the exact path where the kernel runs, except "

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.model import kernels
-from backend.model.linear import DenseLinear, make_linear
+from backend.model.linear import DenseLinear, LowBitLinear, make_linear
 from backend.model.paged_attention import AttentionMetadata, paged_attention
 from backend.model.weight_blocks import Packed
 
@@ -105,6 +105,30 @@ class FusedLlama:
         # Our C++ layer ops (fp32 on the CPU) for steps of short queries; None: torch ops only.
         fp32_cpu = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
         self.ops = kernels.load() if fp32_cpu and use_layer_ops else None
+        self.stack, self.stack_rows = self._decoder_stack()
+
+    def _decoder_stack(self):
+        """The decoder layers as one native call (`kernels/decoder_stack.cpp`) for short steps of up to the
+        kernel's row limit, where every projection runs on the low-bit kernel; else (None, 0)."""
+        projections = [lin for lin in self.linear_layers()[:-1]]
+        if self.ops is None or not all(type(lin) is LowBitLinear for lin in projections):
+            return None, 0
+        if len({(lin.isa, lin.max_m) for lin in projections}) != 1:
+            return None, 0
+        norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)]
+        stack = self.ops.DecoderStack(
+            norms,
+            [lin.blocks for lin in projections],
+            [lin.out_features for lin in projections],
+            [lin.format for lin in projections],
+            [lin.bias for lin in projections],
+            projections[0].isa,
+            self.num_heads,
+            self.num_kv_heads,
+            self.scale,
+            self.eps,
+        )
+        return stack, projections[0].max_m
 
     def linear_layers(self) -> list[DenseLinear]:
         """Every linear layer a step runs, in order, LM head last."""
@@ -117,12 +141,17 @@ class FusedLlama:
     ) -> torch.Tensor:
         """`forward` for a step of decodes and verifications: per layer five calls into our kernels (norms fused
         with the residual adds, RoPE with the KV write and attention over the blocks in place, SiLU with the
-        product) between the four projections."""
+        product) between the four projections; all layers in one native call (`self.stack`) where it applies."""
         ops, eps = self.ops, self.eps
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary(hidden, positions[None])
         cos, sin = cos[0], sin[0]
         normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
+        if hidden.shape[0] <= self.stack_rows:
+            delta = self.stack.forward(
+                hidden, normed, cos, sin, meta.kv_cache, meta.slot_mapping, positions, meta.row_seq, meta.block_tables
+            )
+            return self.lm_head(ops.add_rms_norm(hidden[keep], delta[keep], self.final_norm, eps))
         for index, layer in enumerate(self.layers):
             attended = ops.rope_paged_attention(
                 layer.qkv(normed),

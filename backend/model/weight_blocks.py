@@ -74,7 +74,8 @@ class Blocks:
 
     def pack(self) -> torch.Tensor:
         """uint8 records for `lowbit_linear`: rows in tiles of 16 (the last padded with zero rows), per tile and
-        block the tile's d (and m) then its q, one 16-byte row-vector per input (Q4_1: two inputs per byte)."""
+        block the tile's d (and m) then 32-bit words, 16 per group of consecutive inputs, one per row: Q4_1 words
+        hold 8 inputs (input j in bits 4j..4j+3), Q8_0 words 4 (input j in byte j). See `kernels/lowbit.cpp`."""
         rows, _ = self.shape
         pad = -rows % TILE
         d, m, q = self.d, self.m, self.q
@@ -87,12 +88,15 @@ class Blocks:
         def per_tile(t: torch.Tensor) -> torch.Tensor:  # [N, B] fp16 -> [T, B, 32 bytes]
             return t.view(tiles, TILE, blocks).transpose(1, 2).contiguous().view(torch.uint8)
 
-        qt = q.view(tiles, TILE, blocks, BLOCK).permute(0, 2, 3, 1)  # [T, B, input, row]
+        per_word = 8 if self.format == "q4_1" else 4
+        # [T, B, word, row, input in the word]; little-endian bytes of each word
+        words = q.view(torch.uint8).view(tiles, TILE, blocks, BLOCK // per_word, per_word).permute(0, 2, 3, 1, 4)
         if self.format == "q4_1":
-            qt = (qt[:, :, 0::2] | (qt[:, :, 1::2] << 4)).reshape(tiles, blocks, -1)
-            parts = [per_tile(d), per_tile(m), qt]
+            words = words[..., 0::2] | (words[..., 1::2] << 4)
+            parts = [per_tile(d), per_tile(m)]
         else:
-            parts = [per_tile(d), qt.contiguous().view(torch.uint8).reshape(tiles, blocks, -1)]
+            parts = [per_tile(d)]
+        parts.append(words.reshape(tiles, blocks, -1))
         return torch.cat(parts, dim=-1).contiguous().view(-1)
 
 

@@ -1,6 +1,7 @@
 """The benchmark and load-test programs: every module imports (a stale import breaks `llm-bench` long before
 anyone runs it), and section 6 (llama.cpp) runs its whole code path, from finding the binaries to stopping
-llama-server, against a fake llama.cpp folder whose programs answer as llama-bench and llama-server do."""
+llama-server, against a fake llama.cpp folder whose programs answer as llama-bench and llama-server do; section 7
+measures the kernel's distance to the exact product."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -194,3 +196,23 @@ def test_the_llama_cpp_sdist_unpacks_only_inside_its_folder(tmp_path):
     with pytest.raises((SystemExit, tarfile.FilterError) if hasattr(tarfile, "FilterError") else SystemExit):
         llama_cpp_build._extract(archive("../escaped.txt"), tmp_path / "bad")
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_section_7_measures_the_kernels_distance_to_the_exact_product():
+    """The kernel regroups its sums; section 7 reports its error and torch fp32's against float64, per layer."""
+    from backend.model import kernels
+    from backend.model.linear import make_linear
+    from benchmarks.kernels_threads import exactness_rows
+    from tests.unit.test_lowbit_kernels import random_blocks
+
+    if kernels.best_isa() == 0:
+        pytest.skip("no low-bit kernel on this CPU or build")
+    layers = []
+    for seed, fmt in enumerate(["q4_1", "q8_0"]):
+        blocks = random_blocks(fmt, 48, 96, seed=seed)
+        layers.append(make_linear([blocks.dequantize()], [None], "none", 64, [blocks.packed()], kernels.best_isa()))
+    engine = SimpleNamespace(runner=SimpleNamespace(fused=SimpleNamespace(linear_layers=lambda: layers)))
+    lines, data = exactness_rows(engine, rows=(1, 5))
+    assert 0 < data["ours"] < 1e-4 and 0 < data["torch_fp32"] < 1e-4
+    assert data["ratio_median"] <= data["ratio_max"] < 10
+    assert "2 low-bit layers at M = 1, 5" in lines[0]

@@ -117,3 +117,34 @@ def test_a_cpu_without_the_fast_instruction_set(tiny_llama, monkeypatch, forced,
     assert runner.kernel.startswith(expected)
     for got, want in zip(ragged_steps(runner), ragged_steps(reference)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class CountingStack:
+    """A DecoderStack that counts its calls (so a test knows the native path ran)."""
+
+    def __init__(self, stack):
+        self.stack, self.calls = stack, 0
+
+    def forward(self, *args):
+        self.calls += 1
+        return self.stack.forward(*args)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_decoder_stack_is_the_python_layer_loop_bit_for_bit(family, tiny_model_factory):
+    """Short steps run every decoder layer in one native call (kernels/decoder_stack.cpp) where all projections
+    are low-bit kernel layers: the same calls as the Python loop, so the same bits (qwen2: with q/k/v biases)."""
+    path = tiny_model_factory(family)
+    native = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
+    assert native.fused.stack is not None and native.fused.stack.layers() == len(native.fused.layers)
+    native.fused.stack = counting = CountingStack(native.fused.stack)
+    python = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
+    python.fused.stack, python.fused.stack_rows = None, 0
+    for got, want in zip(ragged_steps(native), ragged_steps(python)):
+        assert torch.equal(got, want)
+    assert counting.calls >= 2
+
+
+def test_no_decoder_stack_where_a_projection_is_dense(tiny_llama):
+    """Without low-bit blocks (dense fp32 projections) the Python loop serves short steps."""
+    assert ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS).fused.stack is None

@@ -1,5 +1,5 @@
-"""Our C++ kernels (`lowbit.cpp`: low-bit linear layers; `layer_ops.cpp`: decoder-layer ops), built once with
-torch's C++ extension tooling and cached.
+"""Our C++ kernels (`lowbit.cpp`: low-bit linear layers; `layer_ops.cpp`: decoder-layer ops; `decoder_stack.cpp`:
+a short step's decoder layers in one call), built once with torch's C++ extension tooling and cached.
 
 The build has no CPU-specific flags: each instruction-set path is compiled with its own target pragma and the
 running CPU picks one per call (`best_isa`), so one artefact serves every x86 machine; the cache key is the
@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # thread pool, sized by torch.set_num_threads.
 CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
-SOURCES = [Path(__file__).with_name(n) for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp")]
+SOURCES = [Path(__file__).with_name(n) for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp", "decoder_stack.cpp")]
+HEADERS = [Path(__file__).with_name(n) for n in ("lowbit_tiles.h", "ops.h")]  # included: part of the build key
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 _REPO = Path(__file__).resolve().parents[3]
 _state: dict[str, object] = {}
@@ -38,7 +39,7 @@ def cache_dir() -> Path:
 
 def build_key() -> str:
     flags = " ".join(CFLAGS + LDFLAGS)
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + (torch.__version__ + flags).encode())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + (torch.__version__ + flags).encode())
     return digest.hexdigest()[:16]
 
 

@@ -1,17 +1,13 @@
-// The Python module of our kernels: lowbit.cpp (low-bit linear layers) and layer_ops.cpp (decoder-layer ops).
+// The Python module of our kernels: lowbit.cpp (low-bit linear layers), layer_ops.cpp (decoder-layer ops) and
+// decoder_stack.cpp (a short step's decoder layers in one call).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <atomic>
 
-int64_t best_isa();
-int64_t layer_ops_isa();
-at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format, int64_t isa);
-at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps);
-at::Tensor silu_mul(at::Tensor gate_up);
-at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor layer_cache,
-                                at::Tensor slots, at::Tensor positions, at::Tensor row_seq, at::Tensor block_tables,
-                                int64_t heads, int64_t kv_heads, double scale);
+#include "ops.h"
+
+void bind_decoder_stack(py::module& m);
 
 // How many threads at::parallel_for spreads `tasks` one-task chunks over in this build, at the current torch thread
 // count. 1 where the extension was compiled without OpenMP: ATen's parallel_for is a header template that runs
@@ -37,4 +33,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up of a fused gate/up projection", no_gil);
   m.def("rope_paged_attention", &rope_paged_attention, "RoPE, KV-cache write and attention over paged blocks",
         no_gil);
+  bind_decoder_stack(m);
 }

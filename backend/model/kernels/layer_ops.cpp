@@ -14,6 +14,8 @@
 #include <cmath>
 #include <vector>
 
+#include "ops.h"
+
 #define LAYER_OPS_AVX512 "avx512f"
 #define LAYER_OPS_AVX2 "avx2"
 #define CLONES __attribute__((target_clones(LAYER_OPS_AVX512, LAYER_OPS_AVX2, "default")))

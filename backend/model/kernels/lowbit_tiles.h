@@ -1,0 +1,167 @@
+
+// One instruction set's copy of the low-bit tile kernels. lowbit.cpp includes this file once per copy, inside a
+// namespace of its own and a `#pragma GCC target`, with LANES (fp32 lanes per vector: 8 or 16) and LOWBIT_AVX512
+// (1 where the copy may use AVX-512 instructions) defined. The code is written once in GCC's vector extensions,
+// so the 16-lane copy that AVX-512 CPUs run is the same source as a 16-lane copy built from AVX2 instructions,
+// which the tests run on any CPU. Layout and arithmetic: see lowbit.cpp.
+//
+// Contraction is on here (a * b + c is one FMA): the kernels' sums are allowed to round differently from the
+// reference's; the exactness argument is in lowbit.cpp.
+#pragma GCC optimize("fp-contract=fast")
+
+typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(LANES * 4)));
+typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
+constexpr int kVectors = kTile / LANES;  // vectors per 16-row tile
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+ALWAYS_INLINE vf load_floats(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+ALWAYS_INLINE vu load_words(const uint8_t* p) {
+  vu v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// LANES fp16 values as fp32 (exact).
+ALWAYS_INLINE vf load_halves(const uint8_t* p) {
+#if LOWBIT_AVX512
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+#else
+  __m256 parts[LANES / 8];
+  for (int i = 0; i < LANES / 8; ++i) parts[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * i)));
+  vf v;
+  std::memcpy(&v, parts, sizeof v);
+  return v;
+#endif
+}
+
+// Input J of a word, as fp32 lanes: q * 2^shift(J) exactly (few significant bits, so the conversion is exact).
+template <int FORMAT, int J>
+ALWAYS_INLINE vf word_input(vu v) {
+  if constexpr (FORMAT == Q4_1) {
+    if constexpr (J < 7) return __builtin_convertvector((vi)(v & (0xFu << (4 * J))), vf);
+    return __builtin_convertvector((vi)(v >> 28), vf);  // the top nibble: a mask would leave it signed
+  } else {
+    return __builtin_convertvector((vi)(v << (24 - 8 * J)) & (int32_t)0xFF000000, vf);  // signed byte * 2^24
+  }
+}
+
+// acc[h][r][J % C] += input J of word[h] * x[r][J], for every input of one group: input by input, each broadcast
+// of x serving every vector (a compiler left to reorder whole words keeps all of x's broadcasts live, and spills).
+template <int FORMAT, int V, int MR, int C, int... J>
+ALWAYS_INLINE void word_products(const vu (&word)[V], const float* x, int64_t ldx, vf (&acc)[V][MR][C],
+                                 std::integer_sequence<int, J...>) {
+  (
+      [&] {
+        vf q[V];
+        for (int h = 0; h < V; ++h) q[h] = word_input<FORMAT, J>(word[h]);
+        for (int r = 0; r < MR; ++r) {
+          const float xr = x[r * ldx + J];
+          for (int h = 0; h < V; ++h) acc[h][r][J % C] += q[h] * xr;
+        }
+      }(),
+      ...);
+}
+
+// One tile (16 output rows) for MR rows of x. `xs` is x scaled per input by 2^-shift (scaled_inputs), `sums` the
+// sum of x over each block (Q4_1 only). Per block, sum(q * x) over the block goes into C independent chains per
+// row and vector of lanes (8 accumulators in all: FMA latency does not bound a one-row step, and AVX2's 16
+// registers hold them unspilled); the block's d (and m * sum(x)) then scale it into the row's total, which stays in
+// memory: it is touched once per block.
+template <int MR, int FORMAT>
+void tile(const float* xs, int64_t ldx, const float* sums, int64_t lds, const uint8_t* tile, int64_t blocks,
+          float* out, int64_t ldo, int valid) {
+  constexpr int C = MR * kVectors >= 8 ? 1 : 8 / (MR * kVectors);
+  constexpr int per_word = inputs_per_word(FORMAT);
+  alignas(64) float total[MR][kTile] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + b * record_bytes(FORMAT);
+    for (int line = 0; line < record_bytes(FORMAT); line += 64)
+      __builtin_prefetch(rec + kPrefetchRecords * record_bytes(FORMAT) + line);
+    vf acc[kVectors][MR][C] = {};
+    for (int w = 0; w < kBlock / per_word; ++w) {
+      vu word[kVectors];
+      for (int h = 0; h < kVectors; ++h) word[h] = load_words(rec + header_bytes(FORMAT) + (w * kTile + h * LANES) * 4);
+      word_products<FORMAT>(word, xs + b * kBlock + w * per_word, ldx, acc, std::make_integer_sequence<int, per_word>());
+    }
+    for (int h = 0; h < kVectors; ++h) {
+      const vf d = load_halves(rec + 2 * h * LANES);
+      for (int r = 0; r < MR; ++r) {
+        vf s = acc[h][r][0];
+        for (int c = 1; c < C; ++c) s += acc[h][r][c];
+        vf t = load_floats(total[r] + h * LANES) + d * s;
+        if constexpr (FORMAT == Q4_1) t += load_halves(rec + kTile * 2 + 2 * h * LANES) * sums[r * lds + b];
+        std::memcpy(total[r] + h * LANES, &t, sizeof t);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) std::memcpy(out + r * ldo, total[r], valid * sizeof(float));
+}
+
+template <int FORMAT, int... J>
+ALWAYS_INLINE void dequant_word(vu v, vf d, vf m, float* w, std::integer_sequence<int, J...>) {
+  // (d * 2^-shift) * (q * 2^shift) is d * q exactly, so this rounds once, as the reference's d * q + m does.
+  (
+      [&] {
+        const vf weight = (d * input_scale(FORMAT, J)) * word_input<FORMAT, J>(v) + m;
+        std::memcpy(w + J * kTile, &weight, sizeof weight);
+      }(),
+      ...);
+}
+
+// The tile's weights as fp32, bit for bit the reference de-quantization: w[input][row] (input-major, 16 rows).
+template <int FORMAT>
+void dequant(const uint8_t* tile, int64_t blocks, float* w) {
+  constexpr int per_word = inputs_per_word(FORMAT);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + b * record_bytes(FORMAT);
+    for (int h = 0; h < kVectors; ++h) {
+      const vf d = load_halves(rec + 2 * h * LANES);
+      const vf m = FORMAT == Q4_1 ? load_halves(rec + kTile * 2 + 2 * h * LANES) : vf{};
+      for (int word = 0; word < kBlock / per_word; ++word)
+        dequant_word<FORMAT>(load_words(rec + header_bytes(FORMAT) + (word * kTile + h * LANES) * 4), d, m,
+                             w + (b * kBlock + word * per_word) * kTile + h * LANES,
+                             std::make_integer_sequence<int, per_word>());
+    }
+  }
+}
+
+// MR rows of x times a de-quantized tile (dequant's layout). Each block of 32 inputs is summed on its own, then
+// added to the row's total (as the tile kernel does): one running sum over thousands of inputs had 5x the error of
+// torch's fp32 matmul against the exact product.
+template <int MR>
+void dense(const float* x, int64_t ldx, const float* w, int64_t in_features, float* out, int64_t ldo, int valid) {
+  vf total[MR][kVectors] = {};
+  for (int64_t k0 = 0; k0 < in_features; k0 += kBlock) {
+    vf acc[MR][kVectors] = {};
+    for (int64_t k = k0; k < k0 + kBlock; ++k)
+      for (int h = 0; h < kVectors; ++h) {
+        const vf wk = load_floats(w + k * kTile + h * LANES);
+        for (int r = 0; r < MR; ++r) acc[r][h] += wk * x[r * ldx + k];
+      }
+    for (int r = 0; r < MR; ++r)
+      for (int h = 0; h < kVectors; ++h) total[r][h] += acc[r][h];
+  }
+  for (int r = 0; r < MR; ++r) {
+    alignas(64) float row[kTile];
+    std::memcpy(row, total[r], sizeof row);
+    std::memcpy(out + r * ldo, row, valid * sizeof(float));
+  }
+}
+
+// This copy's kernels for 1..sizeof...(R) rows of x per register block (Kernels in lowbit.cpp).
+template <int... R>
+Kernels kernels(int format, bool buffered, std::integer_sequence<int, R...>) {
+  Kernels k{};
+  k.rows = sizeof...(R);
+  const std::array<TileFn, sizeof...(R)> q4_1{tile<R + 1, Q4_1>...}, q8_0{tile<R + 1, Q8_0>...};
+  const std::array<DenseFn, sizeof...(R)> rows{dense<R + 1>...};
+  for (size_t i = 0; i < sizeof...(R); ++i) k.tile[i] = format == Q4_1 ? q4_1[i] : q8_0[i], k.dense[i] = rows[i];
+  if (buffered) k.dequant = format == Q4_1 ? dequant<Q4_1> : dequant<Q8_0>;
+  return k;
+}
