@@ -100,6 +100,8 @@ class ModelRunner:
                 f"{kernels.ISA_NAMES[isa]} low-bit kernel for {low_bit} of {len(layers)} layers, on "
                 f"{threads} thread{'' if threads == 1 else 's'}"
             )
+            if self.fused.stack is not None:
+                self.kernel += f"; decoder layers in one native call for steps of up to {self.fused.stack_rows} rows"
         self.num_blocks = num_blocks
         s = self.shape
         self.kv_cache = torch.zeros(

@@ -110,3 +110,4 @@ def test_the_load_log_says_which_dtype_auto_picked_and_why(server):
     if SERVED_QUANTIZATION == "gguf":
         threads = len(os.sched_getaffinity(0))  # num_threads 0: every core, and the kernels on all of them
         assert f"linear layers: {isa} low-bit kernel for 121 of 121 layers, on {threads} thread" in log
+        assert "decoder layers in one native call for steps of up to" in log

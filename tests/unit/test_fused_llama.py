@@ -85,7 +85,9 @@ def test_q8_0_runner_computes_its_own_grid_exactly(tiny_llama):
 
     quantized = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
     threads = torch.get_num_threads()
-    assert quantized.kernel.endswith(f"low-bit kernel for 9 of 9 layers, on {threads} thread{'s' * (threads > 1)}")
+    assert f"low-bit kernel for 9 of 9 layers, on {threads} thread{'s' * (threads > 1)};" in quantized.kernel
+    rows = quantized.max_lowbit_rows
+    assert quantized.kernel.endswith(f"decoder layers in one native call for steps of up to {rows} rows")
     generic = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
     with torch.no_grad():
         for module in generic.model.modules():
