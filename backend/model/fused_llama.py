@@ -110,7 +110,7 @@ class FusedLlama:
     def _decoder_stack(self):
         """The decoder layers as one native call (`kernels/decoder_stack.cpp`) for short steps of up to the
         kernel's row limit, where every projection runs on the low-bit kernel; else (None, 0)."""
-        projections = [lin for lin in self.linear_layers()[:-1]]
+        projections = self.linear_layers()[:-1]
         if self.ops is None or not all(type(lin) is LowBitLinear for lin in projections):
             return None, 0
         if len({(lin.isa, lin.max_m) for lin in projections}) != 1:

@@ -157,16 +157,16 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
   TORCH_CHECK(packed.numel() == tiles * tile_bytes, "packed holds ", packed.numel(), " bytes, expected ",
               tiles * tile_bytes);
   auto out = at::empty({rows, out_features}, x.options());
-  const auto [scaled, sums] = scaled_inputs(x, (int)format);
+  const Kernels k = kernels_for((int)isa, (int)format);
+  // Up to one register block of rows, and on AVX2 always: the tile kernels, on x scaled per input. More rows on
+  // AVX-512: de-quantize each tile once into a per-thread buffer and stream every row block over it, on x as is.
+  const bool buffered = k.dequant != nullptr && rows > k.rows;
+  const auto [scaled, sums] = buffered ? std::pair{x, x} : scaled_inputs(x, (int)format);
   const float* xp = x.data_ptr<float>();
   const float* xs = scaled.data_ptr<float>();
   const float* sp = sums.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
-  const Kernels k = kernels_for((int)isa, (int)format);
-  // Up to one register block of rows, and on AVX2 always: de-quantize in registers, once per block of rows.
-  // More rows on AVX-512: de-quantize each tile once into a per-thread buffer and stream every row block over it.
-  const bool buffered = k.dequant != nullptr && rows > k.rows;
   // Grain: tiles per task, a few microseconds of work, so that a thread is worth waking for it.
   const int64_t grain = std::max<int64_t>(1, 512 / (blocks * std::max<int64_t>(rows, 1)));
   at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
