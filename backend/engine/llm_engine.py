@@ -49,7 +49,7 @@ class LLMEngine:
         self.threads = config.num_threads or serving_threads()
         torch.set_num_threads(self.threads)
         log.info(
-            "torch threads: %d for every step (%s)",
+            "threads: %d for every step (%s)",
             self.threads,
             "num_threads in the configuration" if config.num_threads else "every core this process may use",
         )
@@ -71,6 +71,7 @@ class LLMEngine:
             config.model_impl,
             config.quantization,
             config.max_lowbit_rows,
+            self.threads,
         )
         log.info("model path %s; linear layers: %s", self.runner.impl, self.runner.kernel)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)  # the engine thread's (decoding)
@@ -286,8 +287,6 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> None:
-        if torch.get_num_threads() != self.threads:  # per process: others in it may change it
-            torch.set_num_threads(self.threads)
         copies = self.block_manager.take_pending_copies()
         self.runner.copy_blocks(copies)
         if self.spec is not None:

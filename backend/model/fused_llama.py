@@ -130,6 +130,10 @@ class FusedLlama:
         )
         return stack, projections[0].max_m
 
+    def on_kernels(self, rows: int) -> bool:
+        """Whether a pass of `rows` rows runs every matmul on our kernels (the decoder stack and the LM head)."""
+        return rows <= self.stack_rows and isinstance(self.lm_head, LowBitLinear) and rows <= self.lm_head.max_m
+
     def linear_layers(self) -> list[DenseLinear]:
         """Every linear layer a step runs, in order, LM head last."""
         return [lin for layer in self.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [

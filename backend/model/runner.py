@@ -59,7 +59,8 @@ class ForwardItem:
 
 class ModelRunner:
     """`model_impl`: "fused" runs the Llama-family fast path (`fused_llama.py`), "hf" Hugging Face's own
-    modules with our attention plugged in, "auto" the fused path where it supports the model."""
+    modules with our attention plugged in, "auto" the fused path where it supports the model. Each pass computes
+    on `threads` threads (0: torch's current count)."""
 
     def __init__(
         self,
@@ -71,7 +72,10 @@ class ModelRunner:
         model_impl: str = "auto",
         quantization: str = "none",
         max_lowbit_rows: int = 0,
+        threads: int = 0,
     ):
+        self.threads = threads or torch.get_num_threads()
+        kernels.set_threads(self.threads)
         self.dtype = DTYPES[dtype]
         self.device = torch.device(device)
         self.block_size = block_size
@@ -160,6 +164,7 @@ class ModelRunner:
         input_ids = torch.tensor(tokens, device=self.device)
         position_ids = torch.tensor(positions, device=self.device)
         keep = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self._use_threads(len(tokens))
         if self.fused is not None:
             return self.fused.forward(input_ids, position_ids, meta, keep).float().cpu()
         out = self.model(
@@ -170,3 +175,12 @@ class ModelRunner:
             paged_attention=meta,
         )
         return out.logits[0].float().cpu()
+
+    def _use_threads(self, rows: int) -> None:
+        """Our kernels' pool always has `threads`; torch's own (OpenMP) gets them where torch computes a pass's
+        matmuls, one thread where our kernels carry the whole pass: the idle workers of two pools polling on the
+        same cores held up each other's ops (a batch-1 step 10.1 ms against 16 ms, docs/benchmarks.md). The
+        sampling after the pass runs on the same count."""
+        wanted = 1 if self.fused is not None and self.fused.on_kernels(rows) else self.threads
+        if torch.get_num_threads() != wanted:  # per process: others in it may change it
+            torch.set_num_threads(wanted)

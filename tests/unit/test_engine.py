@@ -289,19 +289,24 @@ def test_speculation_with_parallel_samples_when_the_last_prompt_chunk_is_one_tok
 
 def test_every_step_runs_on_the_engines_threads(make_engine, monkeypatch):
     """`num_threads: 0` is every core (backend/model/hardware.py serving_threads) for steps of one sequence and
-    larger ones alike, and a step puts it back where something else in the process changed torch's setting."""
+    larger ones alike, for our kernels' pool and (this model's matmuls are torch's) torch's; each pass puts torch's
+    count back where something else in the process changed it."""
     import torch
 
+    from backend.model import kernels
     from backend.model.hardware import serving_threads
 
     engine = make_engine()
-    assert engine.threads == serving_threads()
+    assert engine.threads == engine.runner.threads == serving_threads() == kernels.threads()
     saved = torch.get_num_threads()
-    monkeypatch.setattr(engine, "threads", 3)  # not this machine's core count, so the test sees it applied
+    monkeypatch.setattr(engine.runner, "threads", 3)  # not this machine's core count, so the test sees it applied
     used = []
-    forward = engine.runner.forward
+    model = engine.runner.fused or engine.runner.model
+    forward = model.forward
     monkeypatch.setattr(
-        engine.runner, "forward", lambda items: used.append((len(items), torch.get_num_threads())) or forward(items)
+        model,
+        "forward",
+        lambda *args, **kw: used.append((len(args[0]), torch.get_num_threads())) or forward(*args, **kw),
     )
     try:
         torch.set_num_threads(1)

@@ -148,35 +148,6 @@ def test_kernel_calls_release_the_gil(module):
     assert pause < 0.5, f"a Python thread stood still for {pause:.0%} of a kernel call: it holds the GIL"
 
 
-@pytest.fixture
-def torch_threads():
-    """Restores the torch thread count a test changes."""
-    saved = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(saved)
-
-
-def test_kernels_compute_on_every_torch_thread(module, torch_threads):
-    """ATen's parallel_for runs serially in code compiled without OpenMP; the kernels once were, and ran every
-    step on one core whatever the thread count said."""
-    for threads in (1, 2):
-        torch_threads(threads)
-        assert module.parallel_threads(8) == threads
-        assert kernels.threads() == threads
-
-
-@pytest.mark.parametrize("format", ["q4_1", "q8_0"])
-def test_kernel_results_do_not_depend_on_the_thread_count(module, torch_threads, format):
-    """Threads split the output rows, never a sum: every thread count gives the same bits."""
-    blocks = random_blocks(format, 1000, 576)
-    packed, x = blocks.pack(), torch.randn(5, 576)
-    results = []
-    for threads in (1, 2):
-        torch_threads(threads)
-        results.append(module.lowbit_linear(x, packed, 1000, FORMATS[format], kernels.best_isa()))
-    assert torch.equal(results[0], results[1])
-
-
 def test_the_build_key_names_the_build_that_loaded(module):
     """torch's extension loader appends to the flag lists it is given; ours must stay as they were, or the key
     (and the folder `python -m backend.model.kernels` names) changes after a load."""

@@ -128,3 +128,25 @@ def test_model_shape(tiny_model_factory):
 def test_kv_cache_shape(tiny_llama):
     runner = ModelRunner(tiny_llama, "float32", 8, 5)
     assert tuple(runner.kv_cache.shape) == (2, 2, 5, 8, 2, 16)
+
+
+def test_torch_gets_the_threads_only_for_passes_it_computes(tiny_llama):
+    """Our kernels' pool always has the runner's threads; torch's own pool runs on one thread in passes that our
+    kernels carry whole (the decoder stack and a low-bit LM head), on all of them where torch's GEMM serves."""
+    from backend.model import kernels
+
+    saved = torch.get_num_threads()
+    try:
+        runner = ModelRunner(
+            tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", max_lowbit_rows=4, threads=2
+        )
+        assert kernels.threads() == 2
+        table = scattered_tables(1, 12)[0]
+        runner.forward([ForwardItem(PROMPTS[0][:8], 0, table, 1)])  # 8 rows: dense GEMM
+        assert torch.get_num_threads() == 2
+        runner.forward([ForwardItem(PROMPTS[0][8:10], 8, table, 1)])  # 2 rows: our kernels only
+        assert torch.get_num_threads() == 1
+        assert kernels.threads() == 2
+    finally:
+        torch.set_num_threads(saved)
+        kernels.set_threads(0)

@@ -20,13 +20,17 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# -fopenmp: ATen's parallel_for (a header template) runs serially in a file compiled without it. The extension
-# links the OpenMP runtime by soname (libgomp.so.1), which resolves to the one torch has already loaded: one
-# thread pool, sized by torch.set_num_threads.
-CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp"]
-LDFLAGS = ["-fopenmp"]
-SOURCES = [Path(__file__).with_name(n) for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp", "decoder_stack.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("lowbit_tiles.h", "ops.h")]  # included: part of the build key
+# The kernels' parallel loops run on their own worker pool (thread_pool.cpp), sized by `set_threads`; no
+# OpenMP in this build.
+CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off"]
+LDFLAGS = ["-pthread"]
+SOURCES = [
+    Path(__file__).with_name(n)
+    for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp", "decoder_stack.cpp", "thread_pool.cpp")
+]
+HEADERS = [
+    Path(__file__).with_name(n) for n in ("lowbit_tiles.h", "ops.h", "thread_pool.h")
+]  # included: part of the build key
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 _REPO = Path(__file__).resolve().parents[3]
 _state: dict[str, object] = {}
@@ -99,10 +103,17 @@ def best_isa() -> int:
     return isa
 
 
-def threads() -> int:
-    """The threads our kernels compute on at the current torch thread count (0: no kernels)."""
+def set_threads(threads: int) -> None:
+    """The threads of our kernels' pool; 0 follows torch's intra-op thread count."""
     module = load()
-    return int(module.parallel_threads(torch.get_num_threads())) if module is not None else 0
+    if module is not None:
+        module.set_threads(threads)
+
+
+def threads() -> int:
+    """The threads our kernels compute on, measured (0: no kernels)."""
+    module = load()
+    return int(module.parallel_threads(64)) if module is not None else 0
 
 
 def main() -> None:
@@ -112,5 +123,5 @@ def main() -> None:
     state = "built" if built else "NOT built: " + load_error()
     print(
         f"low-bit kernels: {state} in {cache_dir() / build_key()}; this CPU runs {ISA_NAMES[best_isa()]} on "
-        f"{threads()} of {torch.get_num_threads()} torch threads"
+        f"{threads()} threads"
     )

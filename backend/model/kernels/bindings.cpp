@@ -1,21 +1,30 @@
 // The Python module of our kernels: lowbit.cpp (low-bit linear layers), layer_ops.cpp (decoder-layer ops) and
 // decoder_stack.cpp (a short step's decoder layers in one call).
-#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 
 #include "ops.h"
+#include "thread_pool.h"
 
 void bind_decoder_stack(py::module& m);
 
-// How many threads at::parallel_for spreads `tasks` one-task chunks over in this build, at the current torch thread
-// count. 1 where the extension was compiled without OpenMP: ATen's parallel_for is a header template that runs
-// serially unless the including file is built with -fopenmp, which the kernels once were not (every kernel on
-// one core whatever torch.set_num_threads said).
+// How many threads the kernels' parallel loops run on, measured: each of `tasks` chunks notes its thread, then waits
+// (up to 100 ms) for as many threads as the loop may use to show up. Catches a pool that never starts its workers,
+// as the kernels once ran on one core whatever torch.set_num_threads said.
 int64_t parallel_threads(int64_t tasks) {
+  static std::atomic<int> next_id{0};
   std::atomic<uint64_t> seen{0};
-  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) { seen |= uint64_t{1} << (at::get_thread_num() % 64); });
+  const int expected = (int)std::min<int64_t>(std::max<int64_t>(tasks, 1), std::min(pool::threads(), 64));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  pool::parallel_for(tasks, 1, [&](int64_t, int64_t) {
+    thread_local const int id = next_id++;
+    seen |= uint64_t{1} << (id % 64);
+    while (__builtin_popcountll(seen.load()) < expected && std::chrono::steady_clock::now() < deadline) {
+    }
+  });
   return __builtin_popcountll(seen.load());
 }
 
@@ -26,6 +35,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("best_isa", &best_isa, "best instruction set of this CPU: 2 AVX-512, 1 AVX2+FMA+F16C, 0 neither");
   m.def("layer_ops_isa", &layer_ops_isa, "the copy of the layer ops this CPU runs: 2 AVX-512, 1 AVX2, 0 baseline");
+  m.def("set_threads", &pool::set_threads, "threads of the kernels' pool (0: torch's intra-op thread count)");
   m.def("parallel_threads", &parallel_threads, "threads a parallel_for over `tasks` tasks runs on", no_gil);
   m.def("lowbit_linear", &lowbit_linear, "x @ W^T for W in packed GGUF blocks (Q4_1 / Q8_0)", no_gil);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight",

@@ -8,13 +8,13 @@
 // CPU: GCC dispatches `arch=haswell` / `arch=skylake-avx512` clones on the CPU model (__builtin_cpu_is), so every
 // AMD and most Intel CPUs ran the baseline SSE2 copy; `layer_ops_isa` reports the pick and a test holds it.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <cmath>
 #include <vector>
 
 #include "ops.h"
+#include "thread_pool.h"
 
 #define LAYER_OPS_AVX512 "avx512f"
 #define LAYER_OPS_AVX2 "avx2"
@@ -249,8 +249,8 @@ at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, 
   const int64_t* pos_p = pos.data_ptr<int64_t>();
   const int64_t* seq_p = seq.data_ptr<int64_t>();
   const int64_t* table_p = tables.data_ptr<int64_t>();
-  at::parallel_for(0, rows * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
+  pool::parallel_for(rows * heads, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / heads, h = task % heads, kvh = h / group, context = pos_p[t] + 1;
       const int64_t* table = table_p + seq_p[t] * max_blocks;

@@ -24,7 +24,6 @@
 // pragma, never with the build machine's flags: AVX2 + FMA + F16C (8 lanes), AVX-512 (16 lanes), and the 16-lane
 // code on AVX2 instructions, which lets the tests run the AVX-512 copy's source on any CPU.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <array>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "ops.h"
+#include "thread_pool.h"
 
 namespace {
 
@@ -169,8 +169,9 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
   float* op = out.data_ptr<float>();
   // Grain: tiles per task, a few microseconds of work, so that a thread is worth waking for it.
   const int64_t grain = std::max<int64_t>(1, 512 / (blocks * std::max<int64_t>(rows, 1)));
-  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(buffered ? in_features * kTile : 0);
+  pool::parallel_for(tiles, grain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> w;
+    if (buffered) w.resize(in_features * kTile);
     for (int64_t t = begin; t < end; ++t) {
       const int valid = (int)std::min<int64_t>(kTile, out_features - t * kTile);
       const uint8_t* tile = wp + t * tile_bytes;

@@ -1,4 +1,3 @@
-
 // One instruction set's copy of the low-bit tile kernels. lowbit.cpp includes this file once per copy, inside a
 // namespace of its own and a `#pragma GCC target`, with LANES (fp32 lanes per vector: 8 or 16) and LOWBIT_AVX512
 // (1 where the copy may use AVX-512 instructions) defined. The code is written once in GCC's vector extensions,
