@@ -15,7 +15,7 @@ class ConfigError(ValueError):
 
 _DTYPES = ("float32", "bfloat16", "float16")
 MODEL_IMPLS = ("auto", "fused", "hf")
-QUANTIZATIONS = ("auto", "gguf", "q8_0", "int4", "int8", "none")
+QUANTIZATIONS = ("auto", "gguf", "gguf_int8", "q8_0", "int4", "int8", "none")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -27,7 +27,8 @@ class EngineConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N"
     model_impl: str = "auto"  # "auto", "fused" (Llama-family fast path) or "hf" (Hugging Face's modules)
     # "auto" (exact GGUF blocks where the model has them and our kernel runs, else int4 over native bf16, else
-    # none), "gguf" (the model's own Q4_1/Q8_0 blocks, fp32 activations), "q8_0" (re-quantized, fp32
+    # none), "gguf" (the model's own Q4_1/Q8_0 blocks, fp32 activations), "gguf_int8" (the same blocks, Q4_1
+    # layers with activations rounded to int8 per 32: faster, not exact), "q8_0" (re-quantized, fp32
     # activations), "int4"/"int8" (bf16 activations), "none" (dense)
     quantization: str = "auto"
     # low-bit weights serve steps of up to this many rows, larger steps run dense; 0: measured defaults
@@ -106,10 +107,10 @@ class EngineConfig:
             raise ConfigError(
                 f"parameter 'quantization' must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}"
             )
-        if self.quantization == "gguf" and not (Path(self.model) / "model.gguf").is_file():
+        if self.quantization in ("gguf", "gguf_int8") and not (Path(self.model) / "model.gguf").is_file():
             raise ConfigError(
-                "parameter 'quantization' is 'gguf' but the model folder has no model.gguf (the GGUF it was "
-                "converted from; launcher/prepare_model.py keeps it there); use 'auto', 'q8_0' or 'none'"
+                f"parameter 'quantization' is {self.quantization!r} but the model folder has no model.gguf (the GGUF "
+                "it was converted from; launcher/prepare_model.py keeps it there); use 'auto', 'q8_0' or 'none'"
             )
         _check_range("max_lowbit_rows", self.max_lowbit_rows, 0, 4096)
         if self.draft_model not in ("", "self", "ngram") and not (Path(self.draft_model) / "config.json").exists():

@@ -105,15 +105,15 @@ class FusedLlama:
         # Our C++ layer ops (fp32 on the CPU) for steps of short queries; None: torch ops only.
         fp32_cpu = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
         self.ops = kernels.load() if fp32_cpu and use_layer_ops else None
-        self.stack, self.stack_rows = self._decoder_stack()
+        self.stack, self.stack_rows = self._decoder_stack(max_m)
 
-    def _decoder_stack(self):
-        """The decoder layers as one native call (`kernels/decoder_stack.cpp`) for short steps of up to the
-        kernel's row limit, where every projection runs on the low-bit kernel; else (None, 0)."""
+    def _decoder_stack(self, max_m: int):
+        """The decoder layers as one native call (`kernels/decoder_stack.cpp`) for short steps of up to `max_m`
+        rows, where every projection runs on the low-bit kernel at that size; else (None, 0)."""
         projections = self.linear_layers()[:-1]
         if self.ops is None or not all(type(lin) is LowBitLinear for lin in projections):
             return None, 0
-        if len({(lin.isa, lin.max_m) for lin in projections}) != 1:
+        if len({lin.isa for lin in projections}) != 1 or any(lin.max_m < max_m for lin in projections):
             return None, 0
         norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)]
         stack = self.ops.DecoderStack(
@@ -128,7 +128,7 @@ class FusedLlama:
             self.scale,
             self.eps,
         )
-        return stack, projections[0].max_m
+        return stack, max_m
 
     def on_kernels(self, rows: int) -> bool:
         """Whether a pass of `rows` rows runs every matmul on our kernels (the decoder stack and the LM head)."""

@@ -54,7 +54,7 @@ def resolve_dtype(requested: str, device: str, cpu_flags: set[str] | None = None
 # bf16 + int4 at 1, 8 and 32 streams, so `auto` takes it there too. Only on AMX, where bf16 matmuls are
 # several times cheaper again, does bf16 + int4 remain the default.
 _BF16_BEATS_GGUF_FLAGS = ("amx_bf16",)
-_FP32_KINDS = ("gguf", "q8_0")  # low-bit weights with fp32 activations (our kernel)
+_FP32_KINDS = ("gguf", "gguf_int8", "q8_0")  # low-bit weights on our kernel, dtype float32
 _BF16_KINDS = ("int4", "int8")  # low-bit weights with bf16 activations (torch's kernels)
 
 

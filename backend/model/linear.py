@@ -14,11 +14,13 @@ to summation order while reading a seventh of its bytes. Its pure-torch fallback
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
 from backend.model import kernels
-from backend.model.weight_blocks import FORMATS, Packed
+from backend.model.weight_blocks import FORMATS, Q4_1_INT8, Packed
 
 GROUP_SIZE = 32  # the GGUF Q4_1 / Q8_0 block: weights share a scale (and Q4_1 an offset) per 32 inputs
 
@@ -91,16 +93,29 @@ class Int8Linear(DenseLinear):
 
 class LowBitLinear(DenseLinear):
     """fp32 activations times weights in GGUF blocks, on the instruction set `isa` (`kernels.best_isa`), for
-    rows <= max_m; more rows (prefill chunks) take the dense fp32 GEMM, which is faster there."""
+    rows <= max_m; more rows (prefill chunks) take the dense fp32 GEMM, which is faster there. With
+    `int8_activations` (quantization gguf_int8) Q4_1 layers round each activation block to int8 first: faster,
+    not exact."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: Packed, isa: int, max_m: int):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        packed: Packed,
+        isa: int,
+        max_m: int,
+        int8_activations: bool = False,
+    ):
         super().__init__(weight, bias)
         if packed.rows != weight.shape[0]:
             raise ValueError(f"packed blocks of {packed.rows} rows for a weight of shape {tuple(weight.shape)}")
         self.blocks = packed.data
-        self.format = FORMATS[packed.format]
+        # int8 activations (kernels/lowbit_int8.cpp) for Q4_1 only; Q8_0 layers (the LM head) stay exact
+        self.format = Q4_1_INT8 if int8_activations and packed.format == "q4_1" else FORMATS[packed.format]
         self.isa = isa
-        self.max_m = max_m
+        # int8 activations on every step size: the dense fallback computes another model (fp32 activations), so a
+        # sequence's output would depend on the batch it ran in
+        self.max_m = sys.maxsize if self.format == Q4_1_INT8 else max_m
         self.kernel = kernels.load()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +143,7 @@ def make_linear(
     in_features = weight.shape[1]
     packed = Packed.cat(blocks) if blocks and isa and all(b is not None for b in blocks) else None
     if packed is not None and weight.dtype == torch.float32:
-        return LowBitLinear(weight, bias, packed, isa, max_m)
+        return LowBitLinear(weight, bias, packed, isa, max_m, int8_activations=quantization == "gguf_int8")
     if quantization == "int4" and in_features % GROUP_SIZE == 0 and weight.dtype == torch.bfloat16:
         return Int4Linear(weight, bias, max_m)
     if quantization in ("int4", "int8") and in_features % 16 == 0 and weight.dtype == torch.bfloat16:

@@ -12,7 +12,7 @@ from backend.model import fused_llama, kernels
 from backend.model.gguf_weights import verified_packed
 from backend.model.linear import LowBitLinear
 from backend.model.paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
-from backend.model.weight_blocks import Packed, quantize_q8_0
+from backend.model.weight_blocks import Q4_1_INT8, Packed, quantize_q8_0
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class ModelRunner:
                 f"{kernels.ISA_NAMES[isa]} low-bit kernel for {low_bit} of {len(layers)} layers, on "
                 f"{threads} thread{'' if threads == 1 else 's'}"
             )
+            int8 = sum(lin.format == Q4_1_INT8 for lin in layers if isinstance(lin, LowBitLinear))
+            if int8:
+                self.kernel += f"; {int8} of them with activations rounded to int8 (gguf_int8: not exact)"
             if self.fused.stack is not None:
                 self.kernel += f"; decoder layers in one native call for steps of up to {self.fused.stack_rows} rows"
         self.num_blocks = num_blocks
@@ -115,7 +118,7 @@ class ModelRunner:
     def _low_bit_blocks(self, model_path: str, quantization: str) -> tuple[dict[str, Packed], int]:
         """The weights the low-bit kernel serves ("gguf": the model's own blocks, checked bit for bit; "q8_0":
         every linear weight re-quantized) and the instruction set it runs on; none where no kernel runs."""
-        if quantization not in ("gguf", "q8_0"):
+        if quantization not in ("gguf", "gguf_int8", "q8_0"):
             return {}, 0
         isa = kernels.best_isa()
         if not isa:
@@ -125,7 +128,7 @@ class ModelRunner:
                 kernels.load_error() or "neither AVX2+FMA nor AVX-512",
             )
             return {}, 0
-        if quantization == "gguf":
+        if quantization in ("gguf", "gguf_int8"):
             blocks, why = verified_packed(model_path, self.model)
             log.info("quantization gguf: %s", why)
             return blocks, isa

@@ -16,6 +16,7 @@ import torch
 BLOCK = 32  # inputs per block
 TILE = 16  # output rows per kernel tile
 FORMATS = {"q4_1": 0, "q8_0": 1}  # the kernel's format codes
+Q4_1_INT8 = 2  # Q4_1 weights times activations rounded to int8 per block (quantization gguf_int8; not exact)
 
 
 @dataclass

@@ -106,7 +106,11 @@ def test_model_folder_without_config_json(tmp_path):
         ("dtype", "float64", "'dtype' must be one of"),
         ("draft_dtype", "int8", "'draft_dtype' must be one of"),
         ("draft_dtype", "auto", "'draft_dtype' must be one of"),
-        ("quantization", "int3", "'quantization' must be one of ['auto', 'gguf', 'q8_0', 'int4', 'int8', 'none']"),
+        (
+            "quantization",
+            "int3",
+            "'quantization' must be one of ['auto', 'gguf', 'gguf_int8', 'q8_0', 'int4', 'int8', 'none']",
+        ),
         ("model_impl", "vllm", "'model_impl' must be one of ['auto', 'fused', 'hf']"),
         ("max_num_seqs", "0", "'max_num_seqs' must be between 1 and"),
         ("max_num_batched_tokens", "0", "'max_num_batched_tokens' must be between"),

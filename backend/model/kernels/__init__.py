@@ -26,7 +26,7 @@ CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off"]
 LDFLAGS = ["-pthread"]
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("bindings.cpp", "lowbit.cpp", "layer_ops.cpp", "decoder_stack.cpp", "thread_pool.cpp")
+    for n in ("bindings.cpp", "lowbit.cpp", "lowbit_int8.cpp", "layer_ops.cpp", "decoder_stack.cpp", "thread_pool.cpp")
 ]
 HEADERS = [
     Path(__file__).with_name(n) for n in ("lowbit_tiles.h", "ops.h", "thread_pool.h")

@@ -42,7 +42,8 @@ constexpr int kBlock = 32;  // inputs per block
 // The tile kernels prefetch the record this many blocks ahead: streamed from memory, the hardware prefetcher alone
 // left a one-row pass 1.2-1.5x slower than with it (docs/benchmarks.md).
 constexpr int kPrefetchRecords = 6;
-enum Format { Q4_1 = 0, Q8_0 = 1 };
+// Q4_1_INT8: Q4_1 weights with activations rounded to int8 (lowbit_int8.cpp), `quantization: gguf_int8`.
+enum Format { Q4_1 = 0, Q8_0 = 1, Q4_1_INT8 = 2 };
 // ISA_WIDE_ON_AVX2 is for tests: AVX-512's 16-lane code and row blocking, built from AVX2 instructions.
 enum Isa { ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_WIDE_ON_AVX2 = 3 };
 
@@ -145,6 +146,7 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
                             int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
+  if (format == Q4_1_INT8) return lowbit_linear_int8(x, packed, out_features);
   TORCH_CHECK(format == Q4_1 || format == Q8_0, "unknown block format ", format);
   TORCH_CHECK(isa == ISA_AVX2 || isa == ISA_AVX512 || isa == ISA_WIDE_ON_AVX2, "unknown instruction set ", isa);
   TORCH_CHECK((isa == ISA_WIDE_ON_AVX2 ? ISA_AVX2 : isa) <= best_isa(), "this CPU does not run instruction set ", isa);

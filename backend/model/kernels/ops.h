@@ -5,6 +5,7 @@
 int64_t best_isa();       // lowbit.cpp
 int64_t layer_ops_isa();  // layer_ops.cpp
 at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format, int64_t isa);
+at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_features);  // lowbit_int8.cpp
 at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps);
 at::Tensor silu_mul(at::Tensor gate_up);
 at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor layer_cache,
