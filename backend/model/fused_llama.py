@@ -108,14 +108,15 @@ class FusedLlama:
         self.stack, self.stack_rows = self._decoder_stack(max_m)
 
     def _decoder_stack(self, max_m: int):
-        """The decoder layers as one native call (`kernels/decoder_stack.cpp`) for short steps of up to `max_m`
-        rows, where every projection runs on the low-bit kernel at that size; else (None, 0)."""
-        projections = self.linear_layers()[:-1]
+        """The decoder layers, the final norm and the LM head as one native call (`kernels/decoder_stack.cpp`) for
+        short steps of up to `max_m` rows, where every projection and the LM head run on the low-bit kernel at
+        that size; else (None, 0)."""
+        projections = self.linear_layers()
         if self.ops is None or not all(type(lin) is LowBitLinear for lin in projections):
             return None, 0
         if len({lin.isa for lin in projections}) != 1 or any(lin.max_m < max_m for lin in projections):
             return None, 0
-        norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)]
+        norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)] + [self.final_norm]
         stack = self.ops.DecoderStack(
             norms,
             [lin.blocks for lin in projections],
@@ -131,8 +132,8 @@ class FusedLlama:
         return stack, max_m
 
     def on_kernels(self, rows: int) -> bool:
-        """Whether a pass of `rows` rows runs every matmul on our kernels (the decoder stack and the LM head)."""
-        return rows <= self.stack_rows and isinstance(self.lm_head, LowBitLinear) and rows <= self.lm_head.max_m
+        """Whether a pass of `rows` rows runs every matmul on our kernels (the native stack)."""
+        return rows <= self.stack_rows
 
     def linear_layers(self) -> list[DenseLinear]:
         """Every linear layer a step runs, in order, LM head last."""
@@ -145,17 +146,26 @@ class FusedLlama:
     ) -> torch.Tensor:
         """`forward` for a step of decodes and verifications: per layer five calls into our kernels (norms fused
         with the residual adds, RoPE with the KV write and attention over the blocks in place, SiLU with the
-        product) between the four projections; all layers in one native call (`self.stack`) where it applies."""
+        product) between the four projections; the whole pass (layers, final norm, LM head) in one native call
+        (`self.stack`) where it applies."""
         ops, eps = self.ops, self.eps
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary(hidden, positions[None])
         cos, sin = cos[0], sin[0]
         normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
         if hidden.shape[0] <= self.stack_rows:
-            delta = self.stack.forward(
-                hidden, normed, cos, sin, meta.kv_cache, meta.slot_mapping, positions, meta.row_seq, meta.block_tables
+            return self.stack.forward(
+                hidden,
+                normed,
+                cos,
+                sin,
+                meta.kv_cache,
+                meta.slot_mapping,
+                positions,
+                meta.row_seq,
+                meta.block_tables,
+                keep,
             )
-            return self.lm_head(ops.add_rms_norm(hidden[keep], delta[keep], self.final_norm, eps))
         for index, layer in enumerate(self.layers):
             attended = ops.rope_paged_attention(
                 layer.qkv(normed),

@@ -1,8 +1,9 @@
-// A decode step's decoder layers in one native call: for each layer, QKV, RoPE + KV write + attention over the
-// paged blocks, O projection, residual + RMSNorm, gate/up, SiLU * up, down, residual + RMSNorm, exactly the calls
-// FusedLlama._forward_short makes from Python (so the results are bit for bit the same), without a Python round
-// trip and tensor conversion between them: about 240 calls per step of the served model, and the GIL released for
-// the whole stack. Built once at load from the layers' weights, where every projection is a low-bit kernel layer.
+// A decode step's model pass in one native call: for each layer, QKV, RoPE + KV write + attention over the paged
+// blocks, O projection, residual + RMSNorm, gate/up, SiLU * up, down, residual + RMSNorm; then the final norm and
+// the LM head for the rows that sample. Exactly the calls FusedLlama._forward_short makes from Python (so the
+// results are bit for bit the same), without a Python round trip and tensor conversion between them: about 240
+// calls per step of the served model, and the GIL released for the whole pass. Built once at load from the
+// weights, where every projection and the LM head are low-bit kernel layers.
 #include <torch/extension.h>
 
 #include <tuple>
@@ -29,25 +30,25 @@ struct Projection {
 class DecoderStack {
  public:
   // Per layer i: norms[2i] input norm, norms[2i + 1] post-attention norm; projections[4i..4i+3] QKV, O, gate/up,
-  // down (packed blocks, output rows, block format, bias or None).
+  // down (packed blocks, output rows, block format, bias or None). Last: the final norm, and the LM head.
   DecoderStack(std::vector<at::Tensor> norms, std::vector<at::Tensor> packed, std::vector<int64_t> out_features,
                std::vector<int64_t> formats, std::vector<c10::optional<at::Tensor>> biases, int64_t isa,
                int64_t heads, int64_t kv_heads, double scale, double eps)
       : norms_(std::move(norms)), isa_(isa), heads_(heads), kv_heads_(kv_heads), scale_(scale), eps_(eps) {
-    TORCH_CHECK(norms_.size() % 2 == 0 && packed.size() == 2 * norms_.size() && out_features.size() == packed.size() &&
-                    formats.size() == packed.size() && biases.size() == packed.size(),
-                "a decoder stack needs 2 norms and 4 projections per layer");
+    TORCH_CHECK(norms_.size() % 2 == 1 && packed.size() + 1 == 2 * norms_.size() &&
+                    out_features.size() == packed.size() && formats.size() == packed.size() &&
+                    biases.size() == packed.size(),
+                "a decoder stack needs 2 norms and 4 projections per layer, then the final norm and the LM head");
     for (size_t i = 0; i < packed.size(); ++i) projections_.push_back({packed[i], out_features[i], formats[i], biases[i]});
   }
 
   int64_t layers() const { return (int64_t)norms_.size() / 2; }
 
   // `hidden` [T, H] the residual stream (updated in place), `normed` its input-normed rows for the first layer,
-  // `kv_cache` [layers, ...] (paged_attention.py).
-  // Returns the last layer's MLP output (not yet added to `hidden`), as the Python loop leaves it.
+  // `kv_cache` [layers, ...] (paged_attention.py), `keep` the rows that sample. Returns their logits.
   at::Tensor forward(at::Tensor hidden, at::Tensor normed, at::Tensor cos, at::Tensor sin,
                      at::Tensor kv_cache, at::Tensor slots, at::Tensor positions, at::Tensor row_seq,
-                     at::Tensor block_tables) const {
+                     at::Tensor block_tables, at::Tensor keep) const {
     const int64_t n = layers();
     TORCH_CHECK(kv_cache.size(0) >= n, "the KV cache has ", kv_cache.size(0), " layers, the stack ", n);
     at::Tensor delta;
@@ -59,7 +60,8 @@ class DecoderStack {
       delta = p[3](silu_mul(p[2](normed, isa_)), isa_);
       if (i + 1 < n) normed = add_rms_norm(hidden, delta, norms_[2 * i + 2], eps_);
     }
-    return delta;
+    const at::Tensor last = add_rms_norm(hidden.index_select(0, keep), delta.index_select(0, keep), norms_.back(), eps_);
+    return projections_.back()(last, isa_);
   }
 
  private:
@@ -74,6 +76,6 @@ void bind_decoder_stack(py::module& m) {
       .def(py::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>,
                     std::vector<c10::optional<at::Tensor>>, int64_t, int64_t, int64_t, double, double>())
       .def("layers", &DecoderStack::layers)
-      .def("forward", &DecoderStack::forward, "every decoder layer of a short step (see FusedLlama._forward_short)",
+      .def("forward", &DecoderStack::forward, "a short step's pass, logits of the rows `keep` (see FusedLlama._forward_short)",
            py::call_guard<py::gil_scoped_release>());
 }
