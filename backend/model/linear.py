@@ -94,8 +94,8 @@ class Int8Linear(DenseLinear):
 class LowBitLinear(DenseLinear):
     """fp32 activations times weights in GGUF blocks, on the instruction set `isa` (`kernels.best_isa`), for
     rows <= max_m; more rows (prefill chunks) take the dense fp32 GEMM, which is faster there. With
-    `int8_activations` (quantization gguf_int8) Q4_1 layers round each activation block to int8 first: faster,
-    not exact."""
+    `int8_activations` (quantization gguf_int8) Q4_1 layers round each activation block to int8 first: not exact
+    (docs/engine.md), at every step size."""
 
     def __init__(
         self,
