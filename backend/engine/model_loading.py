@@ -9,7 +9,7 @@ from transformers import GenerationConfig
 
 from backend.core.config import ConfigError, EngineConfig
 from backend.model import kernels
-from backend.model.hardware import resolve_for_model
+from backend.model.hardware import KERNEL_KINDS, resolve_for_model
 from backend.model.runner import ModelRunner
 from backend.sampling.sampler import Sampler
 from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
@@ -60,7 +60,7 @@ def make_proposer(
         return NgramProposer(config.ngram_min, config.ngram_max)
     path = config.model if config.draft_model == "self" else config.draft_model
     requested = requested_quantization
-    if requested in ("gguf", "gguf_int8", "q8_0") and config.draft_dtype != "float32":
+    if requested in KERNEL_KINDS and config.draft_dtype != "float32":
         requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows
     dtype, quantization = resolve_weights(config, path, config.draft_dtype, requested)
     runner = ModelRunner(

@@ -54,7 +54,7 @@ def resolve_dtype(requested: str, device: str, cpu_flags: set[str] | None = None
 # bf16 + int4 at 1, 8 and 32 streams, so `auto` takes it there too. Only on AMX, where bf16 matmuls are
 # several times cheaper again, does bf16 + int4 remain the default.
 _BF16_BEATS_GGUF_FLAGS = ("amx_bf16",)
-_FP32_KINDS = ("gguf", "gguf_int8", "q8_0")  # low-bit weights on our kernel, dtype float32
+KERNEL_KINDS = ("gguf", "gguf_int8", "q8_0")  # low-bit weights on our kernel, dtype float32
 _BF16_KINDS = ("int4", "int8")  # low-bit weights with bf16 activations (torch's kernels)
 
 
@@ -81,7 +81,7 @@ def resolve_weights(
             )
             return dtype, "int4", f"auto: {reason}; dtype {why}"
         return dtype, "none", f"auto: no GGUF blocks or no low-bit kernel, dense weights; dtype {why}"
-    if quantization in _FP32_KINDS:
+    if quantization in KERNEL_KINDS:
         if dtype not in ("auto", "float32"):
             raise ValueError(f"quantization {quantization} computes in float32; dtype {dtype} was set")
         if device != "cpu":
@@ -112,5 +112,5 @@ def resolve_for_model(model_dir: str, dtype: str, quantization: str, device: str
     from backend.model.gguf_weights import find_gguf
 
     has_gguf = find_gguf(model_dir) is not None
-    isa = kernels.best_isa() if device == "cpu" and (has_gguf or quantization in _FP32_KINDS) else 0
+    isa = kernels.best_isa() if device == "cpu" and (has_gguf or quantization in KERNEL_KINDS) else 0
     return (*resolve_weights(dtype, quantization, device, has_gguf, isa), isa)

@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from backend.model import fused_llama, kernels
 from backend.model.gguf_weights import verified_packed
+from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
 from backend.model.paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
 from backend.model.weight_blocks import Q4_1_INT8, Packed, quantize_q8_0
@@ -118,7 +119,7 @@ class ModelRunner:
     def _low_bit_blocks(self, model_path: str, quantization: str) -> tuple[dict[str, Packed], int]:
         """The weights the low-bit kernel serves ("gguf": the model's own blocks, checked bit for bit; "q8_0":
         every linear weight re-quantized) and the instruction set it runs on; none where no kernel runs."""
-        if quantization not in ("gguf", "gguf_int8", "q8_0"):
+        if quantization not in KERNEL_KINDS:
             return {}, 0
         isa = kernels.best_isa()
         if not isa:
