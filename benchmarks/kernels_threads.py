@@ -54,7 +54,7 @@ def exactness_rows(engine, rows: tuple[int, ...] = (1, 4, 32)) -> tuple[list[str
         for lin in layers:
             x = torch.randn(m, lin.weight.shape[1], generator=generator)
             exact = x.double() @ lin.weight.double().T
-            ours_error = lin.kernel.lowbit_linear(x, lin.blocks, lin.out_features, lin.format, lin.isa) - exact
+            ours_error = lin.on_kernel(x) - exact
             dense_error = (x @ lin.weight.T).double() - exact
             a, b = ours_error.abs().max().item(), dense_error.abs().max().item()
             ours, dense = max(ours, a), max(dense, b)

@@ -37,7 +37,7 @@ def linear_bytes(layer, batch: int) -> int:
     one.)"""
     small = batch <= getattr(layer, "max_m", 0)
     if small and hasattr(layer, "blocks"):
-        return _nbytes(layer.blocks, layer.bias)
+        return _nbytes(*layer.blocks, layer.bias)
     if small and hasattr(layer, "int4"):
         return _nbytes(layer.int4, layer.scales_and_zeros, layer.bias)
     if small and hasattr(layer, "int8"):

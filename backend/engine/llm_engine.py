@@ -22,7 +22,7 @@ from backend.core.output_processor import OutputProcessor
 from backend.core.request import FinishReason, Request, RequestOutput, Sequence
 from backend.core.scheduler import Scheduler, SchedulerOutput
 from backend.engine import prompt_outputs
-from backend.engine.model_loading import eos_token_ids, make_proposer, resolve_weights
+from backend.engine.model_loading import eos_token_ids, make_proposer, model_folder, resolve_weights
 from backend.engine.step_records import StepWatchers, describe, step_record
 from backend.model.hardware import serving_threads
 from backend.model.runner import DTYPES, ForwardItem, ModelRunner
@@ -43,6 +43,7 @@ PROMPT_BYTES_PER_TOKEN = 16
 class LLMEngine:
     def __init__(self, config: EngineConfig, metrics: EngineMetrics | None = None):
         self.requested_quantization = config.quantization  # the draft model resolves its own from it
+        config = dataclasses.replace(config, model=model_folder(config.model, "model"))
         dtype, quantization = resolve_weights(config, config.model, config.dtype, config.quantization)
         config = self.config = dataclasses.replace(config, dtype=dtype, quantization=quantization)
         self.metrics = metrics or EngineMetrics()

@@ -1,5 +1,6 @@
-"""What the engine loads besides the target model: the dtype and weight kind a model is served in (logged with
-the reason), its end-of-sequence token ids, and the speculative proposer its configuration asks for."""
+"""What the engine loads besides the target model: the folder a `model` parameter names, the dtype and weight
+kind a model is served in (logged with the reason), its end-of-sequence token ids, and the speculative proposer
+its configuration asks for."""
 
 from __future__ import annotations
 
@@ -8,13 +9,21 @@ import logging
 from transformers import GenerationConfig
 
 from backend.core.config import ConfigError, EngineConfig
-from backend.model import kernels
+from backend.model import kernels, model_source
 from backend.model.hardware import KERNEL_KINDS, resolve_for_model
 from backend.model.runner import ModelRunner
 from backend.sampling.sampler import Sampler
 from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
 
 log = logging.getLogger(__name__)
+
+
+def model_folder(model: str, parameter: str) -> str:
+    """The folder `model` (a Hugging Face folder, a GGUF file or a folder holding one) is loaded from."""
+    try:
+        return str(model_source.resolve(model))
+    except model_source.ModelSourceError as exc:
+        raise ConfigError(f"parameter {parameter!r}: {exc}") from None
 
 
 def resolve_weights(config: EngineConfig, model: str, dtype: str, quantization: str) -> tuple[str, str]:
@@ -58,7 +67,7 @@ def make_proposer(
         return None
     if config.draft_model == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
-    path = config.model if config.draft_model == "self" else config.draft_model
+    path = config.model if config.draft_model == "self" else model_folder(config.draft_model, "draft_model")
     requested = requested_quantization
     if requested in KERNEL_KINDS and config.draft_dtype != "float32":
         requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows

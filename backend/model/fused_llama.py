@@ -120,8 +120,8 @@ class FusedLlama:
         stack = self.ops.DecoderStack(
             norms,
             [lin.blocks for lin in projections],
-            [lin.out_features for lin in projections],
-            [lin.format for lin in projections],
+            [lin.rows for lin in projections],
+            [lin.formats for lin in projections],
             [lin.bias for lin in projections],
             projections[0].isa,
             self.num_heads,

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from backend.model.weight_blocks import Blocks, Packed, from_gguf_rows
+from backend.model import gguf_formats
+from backend.model.model_source import GGUF_NAME
+from backend.model.weight_blocks import Blocks, Packed
 
 log = logging.getLogger(__name__)
 
-GGUF_NAME = "model.gguf"
-_FORMATS = {"Q4_1": "q4_1", "Q8_0": "q8_0"}
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -61,15 +61,15 @@ def _rope_rows(rows: int, heads: int) -> torch.Tensor:
 
 
 def read_blocks(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Blocks]:
-    """Every Q4_1 / Q8_0 tensor the kernels serve, keyed by Hugging Face parameter name."""
+    """Every tensor the kernels serve (a block type `gguf_formats` decodes), keyed by Hugging Face parameter name."""
     import gguf  # only needed for models converted from a GGUF
 
     blocks = {}
     for tensor in gguf.GGUFReader(str(path)).tensors:
-        name, format = hf_name(tensor.name), _FORMATS.get(tensor.tensor_type.name)
-        if name is None or format is None:
+        name = hf_name(tensor.name)
+        b = None if name is None else gguf_formats.decode(tensor.tensor_type.name, np.asarray(tensor.data))
+        if b is None:
             continue
-        b = from_gguf_rows(format, np.asarray(tensor.data))
         if ".attn_q." in tensor.name:
             b = b.rows(_rope_rows(b.shape[0], num_heads))
         elif ".attn_k." in tensor.name:
@@ -115,7 +115,7 @@ def _cache_key(model_dir: Path) -> str:
     for path in sorted([model_dir / GGUF_NAME, *model_dir.glob("*.safetensors")]):
         stat = path.stat()
         digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
-    for source in (Path(__file__), Path(__file__).with_name("weight_blocks.py")):
+    for source in (Path(__file__), *(Path(__file__).with_name(n) for n in ("weight_blocks.py", "gguf_formats.py"))):
         digest.update(source.read_bytes())
     return digest.hexdigest()[:20]
 
@@ -155,13 +155,13 @@ def main(argv: list[str] | None = None) -> None:
     does this once, so that servers start without it)."""
     import sys
 
-    from transformers import AutoModelForCausalLM
+    from backend.model import model_source
 
-    model_dir = Path((argv if argv is not None else sys.argv[1:])[0])
+    model_dir = model_source.resolve((argv if argv is not None else sys.argv[1:])[0])
     if find_gguf(model_dir) is None:
         print(f"{model_dir}: no {GGUF_NAME}; nothing to pack")
         return
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = model_source.load_model(model_dir, dtype=torch.float32)
     packed, why = verified_packed(model_dir, model)
     print(f"{model_dir}: {why}; {len(packed)} packed weights in {cache_dir()}")
 

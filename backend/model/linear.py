@@ -7,7 +7,7 @@ docs/benchmarks.md). The quantized kinds keep weight-only low-bit copies for the
 decoding runs, where reading the weights bounds the step, and fall back to the dense weights for large M
 (prefill chunks, big batches), where the dense bf16 GEMM is faster than de-quantizing.
 
-`LowBitLinear` is the exact path: the model's own GGUF blocks (Q4_1 / Q8_0, see `weight_blocks.py`) read by
+`LowBitLinear` is the exact path: the model's own GGUF blocks (every type `gguf_formats.py` decodes) read by
 our C++ kernel (`kernels/lowbit.cpp`) with fp32 activations and accumulation, so it computes the fp32 model up
 to summation order while reading a seventh of its bytes. Its pure-torch fallback is the dense fp32 weight.
 """
@@ -101,27 +101,35 @@ class LowBitLinear(DenseLinear):
         self,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        packed: Packed,
+        segments: list[Packed],
         isa: int,
         max_m: int,
         int8_activations: bool = False,
     ):
         super().__init__(weight, bias)
-        if packed.rows != weight.shape[0]:
-            raise ValueError(f"packed blocks of {packed.rows} rows for a weight of shape {tuple(weight.shape)}")
-        self.blocks = packed.data
-        # int8 activations (kernels/lowbit_int8.cpp) for Q4_1 only; Q8_0 layers (the LM head) stay exact
-        self.format = Q4_1_INT8 if int8_activations and packed.format == "q4_1" else FORMATS[packed.format]
+        rows = sum(p.rows for p in segments)
+        if rows != weight.shape[0]:
+            raise ValueError(f"packed blocks of {rows} rows for a weight of shape {tuple(weight.shape)}")
+        # Output rows in segments of one block format each (fused projections of mixed types: one call each).
+        # int8 activations (kernels/lowbit_int8.cpp) for Q4_1 only; other formats (the Q8_0 LM head) stay exact.
+        self.blocks = [p.data for p in segments]
+        self.rows = [p.rows for p in segments]
+        self.formats = [Q4_1_INT8 if int8_activations and p.format == "q4_1" else FORMATS[p.format] for p in segments]
         self.isa = isa
         # int8 activations on every step size: the dense fallback computes another model (fp32 activations), so a
         # sequence's output would depend on the batch it ran in
-        self.max_m = sys.maxsize if self.format == Q4_1_INT8 else max_m
+        self.max_m = sys.maxsize if Q4_1_INT8 in self.formats else max_m
         self.kernel = kernels.load()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.max_m:
-            return super().__call__(x)
-        out = self.kernel.lowbit_linear(x, self.blocks, self.out_features, self.format, self.isa)
+        return super().__call__(x) if x.shape[0] > self.max_m else self.on_kernel(x)
+
+    def on_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on the low-bit kernel, whatever the rows."""
+        outs = [
+            self.kernel.lowbit_linear(x, *segment, self.isa) for segment in zip(self.blocks, self.rows, self.formats)
+        ]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return out if self.bias is None else out + self.bias
 
 
@@ -141,9 +149,9 @@ def make_linear(
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
     in_features = weight.shape[1]
-    packed = Packed.cat(blocks) if blocks and isa and all(b is not None for b in blocks) else None
-    if packed is not None and weight.dtype == torch.float32:
-        return LowBitLinear(weight, bias, packed, isa, max_m, int8_activations=quantization == "gguf_int8")
+    if blocks and isa and all(b is not None for b in blocks) and weight.dtype == torch.float32:
+        segments = Packed.segments(blocks)
+        return LowBitLinear(weight, bias, segments, isa, max_m, int8_activations=quantization == "gguf_int8")
     if quantization == "int4" and in_features % GROUP_SIZE == 0 and weight.dtype == torch.bfloat16:
         return Int4Linear(weight, bias, max_m)
     if quantization in ("int4", "int8") and in_features % 16 == 0 and weight.dtype == torch.bfloat16:

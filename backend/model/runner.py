@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
-from backend.model import fused_llama, kernels
+from backend.model import fused_llama, kernels, model_source
 from backend.model.gguf_weights import verified_packed
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
@@ -80,8 +80,9 @@ class ModelRunner:
         self.dtype = DTYPES[dtype]
         self.device = torch.device(device)
         self.block_size = block_size
+        model_path = str(model_source.resolve(model_path))
         self.model = (
-            AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
+            model_source.load_model(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
             .to(self.device)
             .eval()
         )
@@ -105,7 +106,7 @@ class ModelRunner:
                 f"{kernels.ISA_NAMES[isa]} low-bit kernel for {low_bit} of {len(layers)} layers, on "
                 f"{threads} thread{'' if threads == 1 else 's'}"
             )
-            int8 = sum(lin.format == Q4_1_INT8 for lin in layers if isinstance(lin, LowBitLinear))
+            int8 = sum(Q4_1_INT8 in lin.formats for lin in layers if isinstance(lin, LowBitLinear))
             if int8:
                 self.kernel += f"; {int8} of them with activations rounded to int8 (gguf_int8: not exact)"
             if self.fused.stack is not None:
@@ -145,7 +146,7 @@ class ModelRunner:
 
     @staticmethod
     def read_shape(model_path: str) -> ModelShape:
-        return ModelShape.of(AutoConfig.from_pretrained(model_path))
+        return ModelShape.of(AutoConfig.from_pretrained(model_source.resolve(model_path)))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if copies:

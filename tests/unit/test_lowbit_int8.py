@@ -51,7 +51,7 @@ def test_gguf_int8_serves_the_q4_1_layers_with_int8_activations_and_keeps_the_he
     fast = ModelRunner(str(MODEL_DIR), "float32", 16, 8, quantization="gguf_int8")
     exact = ModelRunner(str(MODEL_DIR), "float32", 16, 8, quantization="gguf")
     layers = fast.fused.linear_layers()
-    assert all(lin.format == Q4_1_INT8 for lin in layers[:-1]) and layers[-1].format == FORMATS["q8_0"]
+    assert all(lin.formats == [Q4_1_INT8] for lin in layers[:-1]) and layers[-1].formats == [FORMATS["q8_0"]]
     assert f"{len(layers) - 1} of them with activations rounded to int8" in fast.kernel
     assert "int8" not in exact.kernel
     # every step size on the int8 kernel (the dense fallback would be another model); the stack as configured

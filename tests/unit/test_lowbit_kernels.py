@@ -1,5 +1,5 @@
 """The C++ low-bit kernels (backend/model/kernels/lowbit.cpp) against the dense fp32 matmul on the same
-de-quantized weights: every instruction set this CPU runs, M = 1..64, odd widths, both block formats."""
+de-quantized weights: every instruction set this CPU runs, M = 1..64, odd widths, every record format."""
 
 from __future__ import annotations
 
@@ -12,22 +12,30 @@ import torch
 
 from backend.model import kernels
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
-from backend.model.weight_blocks import FORMATS, Blocks, quantize_q8_0
+from backend.model.weight_blocks import FORMATS, RECORDS, Blocks, quantize_q8_0
 
 # Relative to the output's scale: fp32 sums of up to a few thousand products in another order.
 TOLERANCE = 2e-6
 
 
 def random_blocks(format: str, rows: int, cols: int, seed: int = 0) -> Blocks:
+    """Blocks of `format` with every q its bits allow (q6_k: an int8 scale times a 6-bit signed q)."""
+    _, bits, with_m, scale = RECORDS[format]
     g = torch.Generator().manual_seed(seed)
     nb = cols // 32
-    d = (torch.rand(rows, nb, generator=g) * 0.02 + 1e-3).to(torch.float16)
-    if format == "q4_1":
-        m = (-(torch.rand(rows, nb, generator=g)) * 0.1).to(torch.float16)
+    d = (torch.rand(rows, nb, generator=g) * 0.02 + 1e-3).to(scale)
+    m = (-(torch.rand(rows, nb, generator=g)) * 0.1).to(scale) if with_m else None
+    if bits == 4:
         q = torch.randint(0, 16, (rows, nb, 32), generator=g, dtype=torch.uint8)
-        return Blocks("q4_1", d, m, q)
-    q = torch.randint(-128, 128, (rows, nb, 32), generator=g, dtype=torch.int8)
-    return Blocks("q8_0", d, None, q)
+    elif format == "q5_1" or format == "q5_k":
+        q = torch.randint(0, 32, (rows, nb, 32), generator=g, dtype=torch.int8)
+    elif bits == 8:
+        q = torch.randint(-128, 128, (rows, nb, 32), generator=g, dtype=torch.int8)
+    else:
+        scales = torch.randint(-128, 128, (rows, nb, 2, 1), generator=g, dtype=torch.int16)
+        q = (torch.randint(-32, 32, (rows, nb, 2, 16), generator=g, dtype=torch.int16) * scales).view(rows, nb, 32)
+        d = d * torch.tensor(2e-3, dtype=scale)  # the scales' range moved into q
+    return Blocks(format, d, m, q)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +64,7 @@ def test_this_cpu_runs_a_kernel(module):
     assert kernels.best_isa() >= 1, "every x86 machine the project runs on has AVX2 + FMA + F16C"
 
 
-@pytest.mark.parametrize("format", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("format", FORMATS)
 @pytest.mark.parametrize("rows,cols", [(16, 32), (40, 96), (7, 64), (960, 576), (33, 1536)])
 def test_kernel_equals_dense_fp32_for_every_batch_size(module, format, rows, cols):
     blocks = random_blocks(format, rows, cols, seed=rows + cols)
@@ -71,7 +79,7 @@ def test_kernel_equals_dense_fp32_for_every_batch_size(module, format, rows, col
             assert err < TOLERANCE, f"isa {isa} M={m}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("format", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("format", FORMATS)
 def test_kernel_is_as_close_to_the_exact_product_as_torch_fp32(module, format):
     """The kernel regroups the sum (d * sum(q * x) + m * sum(x) per block, docs/engine.md): its distance to the
     exact (float64) product of the de-quantized weights stays of the size of torch's own fp32 matmul's."""

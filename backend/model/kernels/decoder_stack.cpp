@@ -13,14 +13,17 @@
 
 namespace {
 
-// One projection on the low-bit kernel, as LowBitLinear computes it (bias added after, as `out + bias`).
+// One projection on the low-bit kernel, as LowBitLinear computes it: output rows in segments of one block format
+// each, concatenated; bias added after, as `out + bias`.
 struct Projection {
-  at::Tensor packed;
-  int64_t out_features, format;
+  std::vector<at::Tensor> packed;
+  std::vector<int64_t> out_features, formats;
   c10::optional<at::Tensor> bias;
 
   at::Tensor operator()(const at::Tensor& x, int64_t isa) const {
-    at::Tensor out = lowbit_linear(x, packed, out_features, format, isa);
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < packed.size(); ++i) outs.push_back(lowbit_linear(x, packed[i], out_features[i], formats[i], isa));
+    at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 1);
     return bias.has_value() ? out + *bias : out;
   }
 };
@@ -30,9 +33,11 @@ struct Projection {
 class DecoderStack {
  public:
   // Per layer i: norms[2i] input norm, norms[2i + 1] post-attention norm; projections[4i..4i+3] QKV, O, gate/up,
-  // down (packed blocks, output rows, block format, bias or None). Last: the final norm, and the LM head.
-  DecoderStack(std::vector<at::Tensor> norms, std::vector<at::Tensor> packed, std::vector<int64_t> out_features,
-               std::vector<int64_t> formats, std::vector<c10::optional<at::Tensor>> biases, int64_t isa,
+  // down (per segment: packed blocks, output rows, block format; then bias or None). Last: the final norm, and the
+  // LM head.
+  DecoderStack(std::vector<at::Tensor> norms, std::vector<std::vector<at::Tensor>> packed,
+               std::vector<std::vector<int64_t>> out_features, std::vector<std::vector<int64_t>> formats,
+               std::vector<c10::optional<at::Tensor>> biases, int64_t isa,
                int64_t heads, int64_t kv_heads, double scale, double eps)
       : norms_(std::move(norms)), isa_(isa), heads_(heads), kv_heads_(kv_heads), scale_(scale), eps_(eps) {
     TORCH_CHECK(norms_.size() % 2 == 1 && packed.size() + 1 == 2 * norms_.size() &&
@@ -73,8 +78,9 @@ class DecoderStack {
 
 void bind_decoder_stack(py::module& m) {
   py::class_<DecoderStack>(m, "DecoderStack")
-      .def(py::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>,
-                    std::vector<c10::optional<at::Tensor>>, int64_t, int64_t, int64_t, double, double>())
+      .def(py::init<std::vector<at::Tensor>, std::vector<std::vector<at::Tensor>>, std::vector<std::vector<int64_t>>,
+                    std::vector<std::vector<int64_t>>, std::vector<c10::optional<at::Tensor>>, int64_t, int64_t,
+                    int64_t, double, double>())
       .def("layers", &DecoderStack::layers)
       .def("forward", &DecoderStack::forward, "a short step's pass, logits of the rows `keep` (see FusedLlama._forward_short)",
            py::call_guard<py::gil_scoped_release>());

@@ -1,24 +1,34 @@
 // Weight-only low-bit linear layers with fp32 activations and fp32 accumulation: y = x @ W^T, where W is
-// held as GGUF blocks of 32 inputs (Q4_1: w = d * q + m, q in 0..15; Q8_0: w = d * q, q in -128..127;
-// d and m fp16). The step reads 4.5 (Q4_1) or 8.5 (Q8_0) bits per weight instead of 32.
+// held in blocks of 32 inputs per output row, w = d * q (+ m), q a small integer, d and m one per block. Every
+// GGUF block type we serve becomes one of these records at load (weight_blocks.py), each weight exactly as
+// gguf-py de-quantizes it:
+//   q4_1  4-bit q, fp16 d and m       GGUF Q4_1; Q4_0 (q - 8 = q + m with m = -8d, exact)
+//   q8_0  8-bit q, fp16 d             GGUF Q8_0; Q5_0 (q - 16)
+//   q5_1  8-bit words of 5-bit q, fp16 d and m           GGUF Q5_1
+//   q4_k  4-bit q, fp32 d and m       GGUF Q4_K (d = d_super * scale and m = -dmin * min: exact in fp32)
+//   q5_k  8-bit words of 5-bit q, fp32 d and m           GGUF Q5_K
+//   q6_k  16-bit q = scale * (q6 - 32), fp16 d           GGUF Q6_K (the 16-input sub-block's int8 scale folded
+//                                                        into q; d * q is the same exact product)
+// The step reads 4.5 (Q4_1) to 16.5 (q6_k) bits per weight instead of 32.
 //
-// Arithmetic. Per block and output row the kernel computes d * sum(q * x) (+ m * sum(x) for Q4_1), the
-// reference's sum(w * x) regrouped: q is a small integer, exact in fp32, and the sum of x over each block is
-// computed once per call and shared by every output row. That is one FMA per weight (the product) where
+// Arithmetic. Per block and output row the kernel computes d * sum(q * x) (+ m * sum(x) where the format has
+// m), the reference's sum(w * x) regrouped: q is a small integer, exact in fp32, and the sum of x over each block
+// is computed once per call and shared by every output row. That is one FMA per weight (the product) where
 // de-quantizing first costs two. The reference de-quantizes w = d * q + m with one rounding (d * q is exact in
 // fp32); the regrouped sum skips that rounding, so it differs from the dense fp32 matmul on the de-quantized
 // weights by one rounding of each weight (2^-24 relative) on top of a summation-order change: the size of the
 // difference between two fp32 summation orders (docs/engine.md, "Exactness of the low-bit kernels", gives the
-// bound and the measured differences). Q8_0 (w = d * q exactly) is a pure regrouping. Where a tile is
-// de-quantized into memory (AVX-512 above 8 rows), the weights are bit for bit the reference's.
+// bound and the measured differences). Formats without m (w = d * q exactly) are a pure regrouping. Where a tile
+// is de-quantized into memory (AVX-512 above 8 rows), the weights are bit for bit the reference's.
 //
 // Packed layout (made by `Blocks.pack`, once at load): output rows in tiles of 16; per tile, per block of
-// 32 inputs, one record: the tile's d[16] (and m[16] for Q4_1) fp16, then 32-bit words, 16 per group of
-// consecutive inputs (one per output row): a Q4_1 word holds 8 inputs of its row, input j in bits 4j..4j+3; a
-// Q8_0 word holds 4, input j in byte j. One vector load gives 8 or 16 output rows (the lanes) of a group, and
-// input j of every lane is one mask: `v & (0xF << 4j)` is q * 2^4j, exact in fp32 (Q8_0: the byte shifted to
-// the top of the word, q * 2^24). x[j] is scaled by 2^-4j beforehand (exact), so the product is q * x[j]. No
-// widening shuffles, no per-weight conversion of d and m, no horizontal sums.
+// 32 inputs, one record: the tile's d[16] (and m[16]), fp16 or fp32, then 32-bit words, 16 per group of
+// consecutive inputs (one per output row): a 4-bit word holds 8 inputs of its row, input j in bits 4j..4j+3; an
+// 8-bit word 4, input j in byte j; a 16-bit word 2. One vector load gives 8 or 16 output rows (the lanes) of a
+// group, and input j of every lane is one mask: `v & (0xF << 4j)` is q * 2^4j, exact in fp32 (8 and 16 bits: the
+// field shifted to the top of the word, q * 2^24 or q * 2^16, signed). x[j] is scaled by the inverse power of two
+// beforehand (exact), so the product is q * x[j]. No widening shuffles, no per-weight conversion of d and m, no
+// horizontal sums.
 //
 // The tile kernels are written once (lowbit_tiles.h) and compiled per instruction set, each with its own target
 // pragma, never with the build machine's flags: AVX2 + FMA + F16C (8 lanes), AVX-512 (16 lanes), and the 16-lane
@@ -43,17 +53,22 @@ constexpr int kBlock = 32;  // inputs per block
 // left a one-row pass 1.2-1.5x slower than with it (docs/benchmarks.md).
 constexpr int kPrefetchRecords = 6;
 // Q4_1_INT8: Q4_1 weights with activations rounded to int8 (lowbit_int8.cpp), `quantization: gguf_int8`.
-enum Format { Q4_1 = 0, Q8_0 = 1, Q4_1_INT8 = 2 };
+enum Format { Q4_1 = 0, Q8_0 = 1, Q4_1_INT8 = 2, Q5_1 = 3, Q4_K = 4, Q5_K = 5, Q6_K = 6 };
+constexpr bool known_format(int64_t f) { return f == Q4_1 || f == Q8_0 || (f >= Q5_1 && f <= Q6_K); }
 // ISA_WIDE_ON_AVX2 is for tests: AVX-512's 16-lane code and row blocking, built from AVX2 instructions.
 enum Isa { ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_WIDE_ON_AVX2 = 3 };
 
-constexpr int header_bytes(int format) { return format == Q4_1 ? 4 * kTile : 2 * kTile; }
-constexpr int inputs_per_word(int format) { return format == Q4_1 ? 8 : 4; }
+// A record format's traits: bits per q, whether blocks have an offset m, bytes per scale (fp16 or fp32).
+constexpr int word_bits(int format) { return format == Q4_1 || format == Q4_K ? 4 : format == Q6_K ? 16 : 8; }
+constexpr bool has_min(int format) { return format == Q4_1 || format == Q5_1 || format == Q4_K || format == Q5_K; }
+constexpr int scale_bytes(int format) { return format == Q4_K || format == Q5_K ? 4 : 2; }
+constexpr int header_bytes(int format) { return (has_min(format) ? 2 : 1) * kTile * scale_bytes(format); }
+constexpr int inputs_per_word(int format) { return 32 / word_bits(format); }
 constexpr int record_bytes(int format) { return header_bytes(format) + kTile * kBlock * 4 / inputs_per_word(format); }
 // x[j] is multiplied by this before the kernel (a power of two: exact), so that it meets q * 2^shift.
 constexpr float input_scale(int format, int j) {
-  if (format == Q4_1) return j < 7 ? 1.0f / float(1u << (4 * j)) : 1.0f;
-  return 1.0f / float(1u << 24);
+  if (word_bits(format) == 4) return j < 7 ? 1.0f / float(1u << (4 * j)) : 1.0f;
+  return 1.0f / float(1u << (32 - word_bits(format)));
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const uint8_t*, int64_t, float*, int64_t, int);
@@ -105,18 +120,18 @@ Kernels kernels_for(int isa, int format) {
   return wide_on_avx2::kernels(format, true, std::make_integer_sequence<int, kMaxRows>());
 }
 
-// x scaled per input by `input_scale` (what the tile kernels multiply), and for Q4_1 the sum of x over each block.
+// x scaled per input by `input_scale` (what the tile kernels multiply), and where blocks have m the sum of x over each block.
 std::pair<at::Tensor, at::Tensor> scaled_inputs(const at::Tensor& x, int format) {
   const int64_t rows = x.size(0), in_features = x.size(1), blocks = in_features / kBlock;
   const int per_word = inputs_per_word(format);
   float scale[8];
   for (int j = 0; j < per_word; ++j) scale[j] = input_scale(format, j);
   auto xs = at::empty_like(x);
-  auto sums = at::empty({format == Q4_1 ? rows : 0, blocks}, x.options());
+  auto sums = at::empty({has_min(format) ? rows : 0, blocks}, x.options());
   const float* in = x.data_ptr<float>();
   float* scaled = xs.data_ptr<float>();
   for (int64_t i = 0; i < rows * in_features; ++i) scaled[i] = in[i] * scale[i % per_word];
-  if (format == Q4_1) {
+  if (has_min(format)) {
     float* s = sums.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t b = 0; b < blocks; ++b) {
@@ -147,7 +162,7 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
   if (format == Q4_1_INT8) return lowbit_linear_int8(x, packed, out_features);
-  TORCH_CHECK(format == Q4_1 || format == Q8_0, "unknown block format ", format);
+  TORCH_CHECK(known_format(format), "unknown block format ", format);
   TORCH_CHECK(isa == ISA_AVX2 || isa == ISA_AVX512 || isa == ISA_WIDE_ON_AVX2, "unknown instruction set ", isa);
   TORCH_CHECK((isa == ISA_WIDE_ON_AVX2 ? ISA_AVX2 : isa) <= best_isa(), "this CPU does not run instruction set ", isa);
   x = x.contiguous();

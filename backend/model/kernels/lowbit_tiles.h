@@ -39,14 +39,24 @@ ALWAYS_INLINE vf load_halves(const uint8_t* p) {
 #endif
 }
 
+// LANES scales of a record's header (`which`: 0 d, 1 m), as fp32: fp16 ones converted (exact).
+template <int FORMAT>
+ALWAYS_INLINE vf load_scales(const uint8_t* rec, int h, int which) {
+  const uint8_t* p = rec + (which * kTile + h * LANES) * scale_bytes(FORMAT);
+  if constexpr (scale_bytes(FORMAT) == 4) return load_floats((const float*)p);
+  return load_halves(p);
+}
+
 // Input J of a word, as fp32 lanes: q * 2^shift(J) exactly (few significant bits, so the conversion is exact).
 template <int FORMAT, int J>
 ALWAYS_INLINE vf word_input(vu v) {
-  if constexpr (FORMAT == Q4_1) {
+  if constexpr (word_bits(FORMAT) == 4) {
     if constexpr (J < 7) return __builtin_convertvector((vi)(v & (0xFu << (4 * J))), vf);
     return __builtin_convertvector((vi)(v >> 28), vf);  // the top nibble: a mask would leave it signed
   } else {
-    return __builtin_convertvector((vi)(v << (24 - 8 * J)) & (int32_t)0xFF000000, vf);  // signed byte * 2^24
+    constexpr int bits = word_bits(FORMAT);  // the field to the top of the word: signed q * 2^(32 - bits)
+    constexpr uint32_t top = ~0u << (32 - bits);
+    return __builtin_convertvector((vi)(v << (32 - bits * (J + 1))) & (int32_t)top, vf);
   }
 }
 
@@ -68,7 +78,7 @@ ALWAYS_INLINE void word_products(const vu (&word)[V], const float* x, int64_t ld
 }
 
 // One tile (16 output rows) for MR rows of x. `xs` is x scaled per input by 2^-shift (scaled_inputs), `sums` the
-// sum of x over each block (Q4_1 only). Per block, sum(q * x) over the block goes into C independent chains per
+// sum of x over each block (formats with m). Per block, sum(q * x) over the block goes into C independent chains per
 // row and vector of lanes (8 accumulators in all: FMA latency does not bound a one-row step, and AVX2's 16
 // registers hold them unspilled); the block's d (and m * sum(x)) then scale it into the row's total, which stays in
 // memory: it is touched once per block.
@@ -89,12 +99,12 @@ void tile(const float* xs, int64_t ldx, const float* sums, int64_t lds, const ui
       word_products<FORMAT>(word, xs + b * kBlock + w * per_word, ldx, acc, std::make_integer_sequence<int, per_word>());
     }
     for (int h = 0; h < kVectors; ++h) {
-      const vf d = load_halves(rec + 2 * h * LANES);
+      const vf d = load_scales<FORMAT>(rec, h, 0);
       for (int r = 0; r < MR; ++r) {
         vf s = acc[h][r][0];
         for (int c = 1; c < C; ++c) s += acc[h][r][c];
         vf t = load_floats(total[r] + h * LANES) + d * s;
-        if constexpr (FORMAT == Q4_1) t += load_halves(rec + kTile * 2 + 2 * h * LANES) * sums[r * lds + b];
+        if constexpr (has_min(FORMAT)) t += load_scales<FORMAT>(rec, h, 1) * sums[r * lds + b];
         std::memcpy(total[r] + h * LANES, &t, sizeof t);
       }
     }
@@ -120,8 +130,8 @@ void dequant(const uint8_t* tile, int64_t blocks, float* w) {
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = tile + b * record_bytes(FORMAT);
     for (int h = 0; h < kVectors; ++h) {
-      const vf d = load_halves(rec + 2 * h * LANES);
-      const vf m = FORMAT == Q4_1 ? load_halves(rec + kTile * 2 + 2 * h * LANES) : vf{};
+      const vf d = load_scales<FORMAT>(rec, h, 0);
+      const vf m = has_min(FORMAT) ? load_scales<FORMAT>(rec, h, 1) : vf{};
       for (int word = 0; word < kBlock / per_word; ++word)
         dequant_word<FORMAT>(load_words(rec + header_bytes(FORMAT) + (word * kTile + h * LANES) * 4), d, m,
                              w + (b * kBlock + word * per_word) * kTile + h * LANES,
@@ -153,14 +163,27 @@ void dense(const float* x, int64_t ldx, const float* w, int64_t in_features, flo
   }
 }
 
-// This copy's kernels for 1..sizeof...(R) rows of x per register block (Kernels in lowbit.cpp).
+template <int FORMAT, int... R>
+void set_format_kernels(Kernels& k, bool buffered, std::integer_sequence<int, R...>) {
+  const std::array<TileFn, sizeof...(R)> tiles{tile<R + 1, FORMAT>...};
+  for (size_t i = 0; i < sizeof...(R); ++i) k.tile[i] = tiles[i];
+  if (buffered) k.dequant = dequant<FORMAT>;
+}
+
+// This copy's kernels for `format`, for 1..sizeof...(R) rows of x per register block (Kernels in lowbit.cpp).
 template <int... R>
-Kernels kernels(int format, bool buffered, std::integer_sequence<int, R...>) {
+Kernels kernels(int format, bool buffered, std::integer_sequence<int, R...> rows) {
   Kernels k{};
   k.rows = sizeof...(R);
-  const std::array<TileFn, sizeof...(R)> q4_1{tile<R + 1, Q4_1>...}, q8_0{tile<R + 1, Q8_0>...};
-  const std::array<DenseFn, sizeof...(R)> rows{dense<R + 1>...};
-  for (size_t i = 0; i < sizeof...(R); ++i) k.tile[i] = format == Q4_1 ? q4_1[i] : q8_0[i], k.dense[i] = rows[i];
-  if (buffered) k.dequant = format == Q4_1 ? dequant<Q4_1> : dequant<Q8_0>;
+  const std::array<DenseFn, sizeof...(R)> dense_rows{dense<R + 1>...};
+  for (size_t i = 0; i < sizeof...(R); ++i) k.dense[i] = dense_rows[i];
+  switch (format) {
+    case Q4_1: set_format_kernels<Q4_1>(k, buffered, rows); break;
+    case Q8_0: set_format_kernels<Q8_0>(k, buffered, rows); break;
+    case Q5_1: set_format_kernels<Q5_1>(k, buffered, rows); break;
+    case Q4_K: set_format_kernels<Q4_K>(k, buffered, rows); break;
+    case Q5_K: set_format_kernels<Q5_K>(k, buffered, rows); break;
+    case Q6_K: set_format_kernels<Q6_K>(k, buffered, rows); break;
+  }
   return k;
 }
