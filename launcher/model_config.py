@@ -5,9 +5,10 @@ benchmarks do. Standard library only; values are plain strings (Triton's `string
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
-from launcher.paths import DEFAULT_MODEL_REPOSITORY
+from launcher.paths import DEFAULT_MODEL_REPOSITORY, REPO_ROOT, VENV
 
 _ENTRY = r'\{{\s*key:\s*"{key}"\s*,\s*value:\s*\{{\s*string_value:\s*"([^"]*)"\s*\}}\s*\}}'
 _ANY_ENTRY = re.compile(_ENTRY.format(key='([^"]+)'))  # (key, value)
@@ -45,6 +46,24 @@ def read_parameters(config_path: Path = DEFAULT_MODEL_REPOSITORY / "llm" / "conf
     """Every engine parameter (key -> value) of a config.pbtxt, `model` made absolute."""
     text = with_absolute_model(Path(config_path).read_text(), Path(config_path).parent)
     return dict(_ANY_ENTRY.findall(text))
+
+
+def served_model_folder(config_path: Path) -> Path:
+    """The folder holding the tokenizer and chat template of the model a config.pbtxt serves (what the front door
+    reads): its `model` folder, or for a GGUF file the folder the engine prepares from it, prepared now (by the
+    engine's own code, in a subprocess: the launcher imports none of it), so that tritonserver finds it ready."""
+    model = Path(read_parameters(config_path)["model"])
+    if model.is_dir() and (model / "config.json").is_file():
+        return model
+    done = subprocess.run(
+        [str(VENV / "bin" / "python"), "-m", "backend.model.model_source", str(model)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise ValueError(f"{config_path}: parameter 'model': {done.stderr.strip().splitlines()[-1]}")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 # The models of model_repository/ that serve TensorRT-LLM's client contract beside `llm` (no weights of their own):

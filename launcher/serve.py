@@ -24,8 +24,10 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 from launcher.commands import check_ready_to_run, server_command, shown
+from launcher.model_config import served_model_folder
 from launcher.paths import DEFAULT_HOST, MODEL_NAME, REPO_ROOT, resolve_model_repository, url_host
 from launcher.processes import OutputTee, start_frontend, stop_server
 from launcher.readiness import ServerError, wait_until_frontend_ready, wait_until_ready
@@ -158,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{k}={env[k]}")
             return 0
         check_ready_to_run(cmd)
-    except FileNotFoundError as e:
+        config = Path(repo) / MODEL_NAME / "config.pbtxt"
+        model_dir = served_model_folder(config) if config.is_file() and not args.no_frontend else None
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             args.openai_port,
             host=args.openai_host or args.host,
             metrics_url=f"http://{h}:{args.metrics_port}/metrics",
+            model_dir=model_dir,
         )
     )
 

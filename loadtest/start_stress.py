@@ -28,7 +28,7 @@ from launcher.model_config import write_model_repository
 from launcher.processes import start_server, stop_server
 from launcher.readiness import ServerError, free_port, url_ok, wait_until_ready
 from launcher.supervisor import stub_processes
-from testkit.server_variants import VARIANTS
+from testkit.server_variants import session_variants
 
 
 def _spin() -> None:  # a CPU hog (multiprocessing target)
@@ -68,16 +68,16 @@ def models_ready(http_port: int, names) -> list[str]:
     return [name for name in names if not url_ok(f"http://127.0.0.1:{http_port}/v2/models/{name}/ready")]
 
 
-def one_start(repository: Path, out: Path, index: int, ready_timeout_s: float) -> dict:
+def one_start(repository: Path, variants: dict, out: Path, index: int, ready_timeout_s: float) -> dict:
     ports = [free_port() for _ in range(3)]
     log_path = out / f"tritonserver-{index}.log"
     started = time.monotonic()
     proc = start_server(repository, *ports, log_path)
-    record: dict = {"start": index, "log": str(log_path)}
+    record: dict = {"start": index, "log": str(log_path), "models": len(variants)}
     try:
         wait_until_ready(ports[0], proc, ready_timeout_s, metrics_port=ports[2])
         record["ready_s"] = round(time.monotonic() - started, 1)
-        record["not_ready_models"] = models_ready(ports[0], VARIANTS)
+        record["not_ready_models"] = models_ready(ports[0], variants)
         with urllib.request.urlopen(f"http://127.0.0.1:{ports[2]}/metrics", timeout=10) as resp:
             alive = resp.read().decode().count("llm_engine_alive{")
         record["engines_alive"] = alive
@@ -91,7 +91,7 @@ def one_start(repository: Path, out: Path, index: int, ready_timeout_s: float) -
     record["ok"] = (
         "error" not in record
         and not record["not_ready_models"]
-        and record["engines_alive"] == len(VARIANTS)
+        and record["engines_alive"] == len(variants)
         and record["exit_code"] == 0
     )
     return record
@@ -101,9 +101,9 @@ def describe(record: dict, total: int) -> str:
     head = f"start {record['start']}/{total}:"
     if "error" in record:
         return f"{head} FAILED: {record['error']} (stacks: {record.get('stacks', [])})"
-    ready = len(VARIANTS) - len(record["not_ready_models"])
+    ready = record["models"] - len(record["not_ready_models"])
     return (
-        f"{head} READY in {record['ready_s']} s ({ready}/{len(VARIANTS)} models READY, "
+        f"{head} READY in {record['ready_s']} s ({ready}/{record['models']} models READY, "
         f"{record['engines_alive']} engines alive); stopped in {record['stop_s']} s (exit code {record['exit_code']})"
         + ("" if record["ok"] else "  <-- FAILED")
     )
@@ -118,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="start-stress-"))
     out.mkdir(parents=True, exist_ok=True)
-    repository = write_model_repository(out / "model_repository", VARIANTS)
-    print(f"{len(VARIANTS)} models, {args.starts} starts, {args.hog_processes} CPU hog process(es); output in {out}")
+    variants = session_variants(out)
+    repository = write_model_repository(out / "model_repository", variants)
+    print(f"{len(variants)} models, {args.starts} starts, {args.hog_processes} CPU hog process(es); output in {out}")
     hogs = start_hogs(args.hog_processes)
     records = []
     try:
         for index in range(1, args.starts + 1):
-            records.append(one_start(repository, out, index, args.ready_timeout))
+            records.append(one_start(repository, variants, out, index, args.ready_timeout))
             print(describe(records[-1], args.starts), flush=True)
     finally:
         for hog in hogs:

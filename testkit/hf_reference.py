@@ -102,11 +102,11 @@ class HFReference:
         with self._lock:
             if self._model is None:
                 import torch
-                from transformers import AutoModelForCausalLM
 
-                self._model = AutoModelForCausalLM.from_pretrained(
-                    self.model_dir, dtype=getattr(torch, self.dtype)
-                ).eval()
+                from backend.model import model_source
+
+                # a GGUF's prepared folder loads the GGUF as transformers de-quantizes it
+                self._model = model_source.load_model(self.model_dir, dtype=getattr(torch, self.dtype)).eval()
             return self._model
 
     @property
@@ -228,7 +228,7 @@ class HFReference:
             path = self.model_dir / name
             if path.exists():
                 h.update(path.read_bytes())
-        for weights in sorted(self.model_dir.glob("*.safetensors")):
+        for weights in sorted([*self.model_dir.glob("*.safetensors"), *self.model_dir.glob("*.gguf")]):
             st = weights.stat()
             h.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
         return h.hexdigest()[:16]

@@ -5,6 +5,8 @@ repository."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # Every variant the session's server loads: model name -> engine parameters that differ from
 # model_repository/llm/config.pbtxt (string values, as in config.pbtxt). `model` is always set to the
 # absolute path of models/smollm2-135m-instruct unless a variant sets it.
@@ -64,6 +66,21 @@ VARIANTS: dict[str, dict[str, str]] = {
         "fault_injection": "step_error:<<FAIL THIS STEP>>,engine_death:<<KILL THE ENGINE>>",
     },
 }
+
+# A tiny random llama written at session start as a GGUF file holding every block type (testkit.tiny_gguf),
+# served straight from the file, K-quants on our kernel (test_gguf_model_e2e.py).
+GGUF_MODEL = "llm_gguf"
+GGUF_FILE = "tiny_every_block_type.gguf"
+
+
+def session_variants(folder: Path) -> dict[str, dict[str, str]]:
+    """VARIANTS and the GGUF variant, its file written into `folder`: every model the session's server loads."""
+    from testkit.tiny_gguf import write_tiny_gguf
+
+    gguf = write_tiny_gguf(Path(folder) / GGUF_FILE)
+    gguf_variant = {**_FP32, "model": str(gguf), "quantization": "gguf", "kv_cache_blocks": "64", "max_num_seqs": "8"}
+    return {**VARIANTS, GGUF_MODEL: gguf_variant}
+
 
 # Triton models the session's front door serves (the first is the one its batch view shows).
 FRONTEND_MODELS = ("llm", "llm_small_queue", "llm_default")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend.core.metrics import METRIC_NAMES
+from backend.model import model_source
 
 
 class ConfigError(ValueError):
@@ -94,8 +95,12 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        if not (Path(self.model) / "config.json").exists():
-            raise ConfigError(f"parameter 'model': no Hugging Face model folder (config.json) at {self.model!r}")
+        for name in ("model", "draft_model"):
+            try:
+                if name == "model" or self.draft_model not in ("", "self", "ngram"):
+                    model_source.locate(getattr(self, name))
+            except model_source.ModelSourceError as exc:
+                raise ConfigError(f"parameter {name!r}: {exc}") from None
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ConfigError(f"parameter 'device' must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         for name, allowed in (("dtype", ("auto", *_DTYPES)), ("draft_dtype", _DTYPES)):
@@ -107,16 +112,13 @@ class EngineConfig:
             raise ConfigError(
                 f"parameter 'quantization' must be one of {list(QUANTIZATIONS)}, got {self.quantization!r}"
             )
-        if self.quantization in ("gguf", "gguf_int8") and not (Path(self.model) / "model.gguf").is_file():
+        if self.quantization in ("gguf", "gguf_int8") and not model_source.has_gguf(self.model):
             raise ConfigError(
-                f"parameter 'quantization' is {self.quantization!r} but the model folder has no model.gguf (the GGUF "
-                "it was converted from; launcher/prepare_model.py keeps it there); use 'auto', 'q8_0' or 'none'"
+                f"parameter 'quantization' is {self.quantization!r} but the model is no GGUF file and its folder has "
+                "no model.gguf (the GGUF it was converted from; launcher/prepare_model.py keeps it there); use "
+                "'auto', 'q8_0' or 'none'"
             )
         _check_range("max_lowbit_rows", self.max_lowbit_rows, 0, 4096)
-        if self.draft_model not in ("", "self", "ngram") and not (Path(self.draft_model) / "config.json").exists():
-            raise ConfigError(
-                f"parameter 'draft_model' must be a model folder, 'self', 'ngram' or empty, got {self.draft_model!r}"
-            )
         _check_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
         _check_range("ngram_min", self.ngram_min, 1, 64)
         _check_range("ngram_max", self.ngram_max, self.ngram_min, 64)

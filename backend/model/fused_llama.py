@@ -1,10 +1,11 @@
-"""The fused forward pass for the Llama family (Llama, Mistral, Qwen2): the fast path beside the generic one.
+"""The fused forward pass for the Llama family (Llama, Mistral, Qwen2, Qwen3): the fast path beside the generic one.
 
 The generic path runs Hugging Face's own modules with our paged attention plugged in; per layer it pays for
 three q/k/v matmuls, two MLP input matmuls and a few dozen small ops through Python modules. Here the same
 weights are laid out once at load: q/k/v fused into one matmul, gate/up into another (optionally with
 low-bit copies for small batches, see `linear.py`), rotary tables computed once per step for all layers,
-RoPE applied to queries and keys together, and the residual stream kept as one [T, hidden] tensor. The
+RoPE applied to queries and keys together (after Qwen3's per-head RMSNorm of each), and the residual stream kept
+as one [T, hidden] tensor. The
 arithmetic is Hugging Face's, op for op (RMSNorm in float32, RoPE and residuals in the model's dtype), so
 float32 results match the generic path.
 """
@@ -21,7 +22,7 @@ from backend.model.linear import DenseLinear, LowBitLinear, make_linear
 from backend.model.paged_attention import AttentionMetadata, paged_attention
 from backend.model.weight_blocks import Packed
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 def supports(config) -> bool:
@@ -43,6 +44,15 @@ class _Layer:
     post_norm: torch.Tensor
     gate_up: DenseLinear
     down: DenseLinear
+    q_norm: torch.Tensor | None = None  # Qwen3: RMSNorm over each query / key head before RoPE
+    k_norm: torch.Tensor | None = None
+
+
+def _head_norms(attention) -> dict[str, torch.Tensor]:
+    """Qwen3's per-head query and key RMSNorm weights, if the attention module has them."""
+    if getattr(attention, "q_norm", None) is None:
+        return {}
+    return {"q_norm": attention.q_norm.weight, "k_norm": attention.k_norm.weight}
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -95,6 +105,7 @@ class FusedLlama:
                 post_norm=layer.post_attention_layernorm.weight,
                 gate_up=linear((layer.mlp.gate_proj, layer.mlp.up_proj)),
                 down=linear((layer.mlp.down_proj,)),
+                **_head_norms(layer.self_attn),
             )
             for layer in inner.layers
         ]
@@ -117,8 +128,10 @@ class FusedLlama:
         if len({lin.isa for lin in projections}) != 1 or any(lin.max_m < max_m for lin in projections):
             return None, 0
         norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)] + [self.final_norm]
+        head_norms = [norm for layer in self.layers for norm in (layer.q_norm, layer.k_norm) if norm is not None]
         stack = self.ops.DecoderStack(
             norms,
+            head_norms,
             [lin.blocks for lin in projections],
             [lin.rows for lin in projections],
             [lin.formats for lin in projections],
@@ -168,7 +181,7 @@ class FusedLlama:
             )
         for index, layer in enumerate(self.layers):
             attended = ops.rope_paged_attention(
-                layer.qkv(normed),
+                self._head_normed(layer, layer.qkv(normed)),
                 cos,
                 sin,
                 meta.kv_cache[index],
@@ -187,6 +200,16 @@ class FusedLlama:
         last = hidden[keep]
         return self.lm_head(ops.add_rms_norm(last, delta[keep], self.final_norm, eps))
 
+    def _head_normed(self, layer: _Layer, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv [T, (heads + 2 kv heads) * head_dim] with each query and key head RMS-normed (Qwen3), else as is."""
+        if layer.q_norm is None:
+            return qkv
+        rows, q_width, k_width = qkv.shape[0], self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_width, k_width, k_width], dim=1)
+        q = self.ops.add_rms_norm(q.reshape(-1, self.head_dim), None, layer.q_norm, self.eps).view(rows, q_width)
+        k = self.ops.add_rms_norm(k.reshape(-1, self.head_dim), None, layer.k_norm, self.eps).view(rows, k_width)
+        return torch.cat([q, k, v], dim=1)
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
     ) -> torch.Tensor:
@@ -203,6 +226,14 @@ class FusedLlama:
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, self.eps))
             qk = qkv[:, : qk_heads * head_dim].view(total, qk_heads, head_dim)
+            if layer.q_norm is not None:
+                qk = torch.cat(
+                    [
+                        _rms_norm(qk[:, :heads], layer.q_norm, self.eps),
+                        _rms_norm(qk[:, heads:], layer.k_norm, self.eps),
+                    ],
+                    dim=1,
+                )
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = qk * cos + rotated * sin
             value = qkv[:, qk_heads * head_dim :].view(total, kv_heads, head_dim)

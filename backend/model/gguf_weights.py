@@ -1,4 +1,4 @@
-"""The low-bit blocks of a Llama-family GGUF, under Hugging Face's parameter names.
+"""The low-bit blocks of a Llama-family GGUF (llama, mistral, qwen2, qwen3), under Hugging Face's parameter names.
 
 A model folder converted from a GGUF (launcher/prepare_model.py) keeps the GGUF beside it as `model.gguf`;
 its Q4_1 / Q8_0 blocks are the reference weights (the fp32 safetensors are these blocks de-quantized), so the
@@ -53,6 +53,11 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
+# llama.cpp's converter permutes q and k rows for these architectures only (not qwen2 / qwen3), and transformers'
+# GGUF loader undoes it for them.
+_ROPE_PERMUTED = ("llama", "mistral")
+
+
 def _rope_rows(rows: int, heads: int) -> torch.Tensor:
     """llama.cpp stores q and k rows permuted for its RoPE layout; row i of the Hugging Face weight is GGUF row
     `index[i]` (the inverse of the converter's permutation, as transformers' GGUF loader undoes it)."""
@@ -64,15 +69,17 @@ def read_blocks(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, Bloc
     """Every tensor the kernels serve (a block type `gguf_formats` decodes), keyed by Hugging Face parameter name."""
     import gguf  # only needed for models converted from a GGUF
 
+    reader = gguf.GGUFReader(str(path))
+    architecture = reader.fields["general.architecture"].contents()
     blocks = {}
-    for tensor in gguf.GGUFReader(str(path)).tensors:
+    for tensor in reader.tensors:
         name = hf_name(tensor.name)
         b = None if name is None else gguf_formats.decode(tensor.tensor_type.name, np.asarray(tensor.data))
         if b is None:
             continue
-        if ".attn_q." in tensor.name:
+        if architecture in _ROPE_PERMUTED and ".attn_q." in tensor.name:
             b = b.rows(_rope_rows(b.shape[0], num_heads))
-        elif ".attn_k." in tensor.name:
+        elif architecture in _ROPE_PERMUTED and ".attn_k." in tensor.name:
             b = b.rows(_rope_rows(b.shape[0], num_kv_heads))
         blocks[name] = b
     return blocks

@@ -40,11 +40,23 @@ def cache_dir() -> Path:
 
 def resolve(model: str | Path) -> Path:
     """The folder to load `model` from (see the module's docstring); raises ModelSourceError naming what is wrong."""
+    gguf = locate(model)
+    return Path(model).expanduser() if gguf is None else _prepared(gguf.resolve())
+
+
+def has_gguf(model: str | Path) -> bool:
+    """Whether `model` comes with GGUF blocks: a GGUF file, or a Hugging Face folder with its `model.gguf`."""
+    return locate(model) is not None or (Path(model).expanduser() / GGUF_NAME).is_file()
+
+
+def locate(model: str | Path) -> Path | None:
+    """The GGUF file `model` names, None for a Hugging Face folder; raises ModelSourceError for anything else.
+    Cheap (reads no file): what the configuration's validation runs."""
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelSourceError(f"model {str(model)!r} does not exist; give {ACCEPTED}")
     if path.is_dir() and (path / "config.json").is_file():
-        return path
+        return None
     if path.is_dir():
         files = sorted(path.glob("*.gguf"))
         if len(files) != 1:
@@ -58,7 +70,7 @@ def resolve(model: str | Path) -> Path:
             f"model {str(model)!r} is one part of a split GGUF, which is not supported: merge the parts into one "
             "file first (llama.cpp's `llama-gguf-split --merge`)"
         )
-    return _prepared(path.resolve())
+    return path
 
 
 def has_weights(folder: Path) -> bool:
@@ -122,7 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     import sys
 
     logging.basicConfig(level=logging.INFO)
-    print(resolve((argv if argv is not None else sys.argv[1:])[0]))
+    try:
+        print(resolve((argv if argv is not None else sys.argv[1:])[0]))
+    except ModelSourceError as exc:
+        sys.exit(str(exc))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
+from backend.model import model_source
 from backend.protocol.values import InvalidRequest, as_bool
 from backend.protocol.wire import INVALID_REQUEST, error_text
 from backend.serving import trtllm_tokenizer
@@ -25,7 +26,8 @@ class _TokenizerModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"])
         tokenizer_dir = folder / parameters["tokenizer_dir"]  # an absolute tokenizer_dir stays as it is
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        # a GGUF file's tokenizer is read from the folder its engine prepared (model_source.py)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_source.resolve(tokenizer_dir)))
         self.option = as_bool(self.flag, parameters.get(self.flag, "true"))
 
     def execute(self, requests):

@@ -39,7 +39,7 @@ from launcher.paths import MODEL_DIR
 # outputs kept in a JSON file) live in testkit.
 from testkit.hf_reference import HFReference as Reference
 from testkit.prometheus import MetricKey, parse_prometheus
-from testkit.server_variants import FRONTEND_MODELS, VARIANTS
+from testkit.server_variants import FRONTEND_MODELS, session_variants
 
 HERE = Path(__file__).resolve().parent
 
@@ -180,7 +180,7 @@ def is_idle(m: Metrics, model: str) -> bool:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> LLMServer:
-    """The session's tritonserver with every model of VARIANTS loaded."""
+    """The session's tritonserver with every model of `session_variants` loaded."""
     global _LOG_PATH
     try:
         launcher.site_packages()
@@ -191,7 +191,8 @@ def server(tmp_path_factory) -> LLMServer:
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip(f"no model at {MODEL_DIR}: run `make model`")
     base = tmp_path_factory.mktemp("triton")
-    repository = write_model_repository(base / "model_repository", VARIANTS)
+    variants = session_variants(base)
+    repository = write_model_repository(base / "model_repository", variants)
     log_path = base / "tritonserver.log"
     _LOG_PATH = log_path
     ports = [launcher.free_port() for _ in range(3)]
@@ -215,10 +216,10 @@ def server(tmp_path_factory) -> LLMServer:
             metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
         )
         srv = LLMServer(
-            proc, *ports, log_path, repository=repository, variants=VARIANTS, frontend=frontend, openai_port=openai_port
+            proc, *ports, log_path, repository=repository, variants=variants, frontend=frontend, openai_port=openai_port
         )
         m = srv.metrics()
-        missing = [name for name in VARIANTS if not m.has("llm_kv_cache_blocks_total", name)]
+        missing = [name for name in variants if not m.has("llm_kv_cache_blocks_total", name)]
         assert not missing, f"no metrics for model(s) {missing}; log tail:\n{srv.log_tail()}"
         launcher.wait_until_frontend_ready(openai_port, frontend, 120)
         yield srv

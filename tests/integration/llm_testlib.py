@@ -1,7 +1,7 @@
 """What only the integration suite uses: the reference outputs prefetched while the server starts, the front
-door's HTTP from a test, and a batch-view watch (every engine step's record, over gRPC). Everything tests and
-benchmarks share (prompts, the Hugging Face reference, concurrency helpers, the fidelity rule, Prometheus parsing,
-percentiles) is in testkit/."""
+door's HTTP from a test, a completion's top logprobs as the fidelity rule takes them, and a batch-view watch
+(every engine step's record, over gRPC). Everything tests and benchmarks share (prompts, the Hugging Face
+reference, concurrency helpers, the fidelity rule, Prometheus parsing, percentiles) is in testkit/."""
 
 from __future__ import annotations
 
@@ -18,6 +18,18 @@ from testkit.prompts import MIXED_CASES
 
 # Reference outputs computed while the server starts (any test may ask for others; they are computed then).
 REFERENCE_PREFETCH: list[tuple[str, int]] = list(MIXED_CASES)
+
+
+def top_logprobs(completion, top: int) -> list[dict]:
+    """Per token, {"top_logprobs": {id: logprob}} (the `top` most likely, as `HFReference.judge` takes them) from the
+    model's `logprobs` output (vLLM's shape: {"<id>": {"logprob", "rank", "decoded_token"}} per token)."""
+    entries = []
+    for chunk in completion.chunks:
+        for text in chunk.raw.get("logprobs", []):
+            for by_id in json.loads(text):
+                ranked = sorted(by_id.items(), key=lambda item: item[1]["rank"])[:top]
+                entries.append({"top_logprobs": {int(t): v["logprob"] for t, v in ranked}})
+    return entries
 
 
 # ------------------------------------------------------------------------------------- the front door's HTTP

@@ -4,7 +4,6 @@ prefill on: 24 concurrent greedy requests over gRPC streaming and over HTTP each
 in the dtype `auto` picks on this machine: token for token in float32, up to a near-tie in bfloat16 (the rule in
 testkit/fidelity.py)."""
 
-import json
 import os
 
 import pytest
@@ -18,6 +17,7 @@ from testkit.concurrency import raise_first_error, run_concurrently
 from testkit.fidelity import summarize
 from testkit.hf_reference import HFReference
 from testkit.prompts import MIXED_CASES
+from tests.integration.llm_testlib import top_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -40,23 +40,11 @@ def greedy(reference):
     return [reference.greedy(prompt, max_tokens) for prompt, max_tokens in MIXED_CASES]
 
 
-def _logprobs(completion) -> list[dict]:
-    """Per token, {"top_logprobs": {id: logprob}} (the TOP most likely, as `judge` takes them) from the
-    model's `logprobs` output (vLLM's shape: {"<id>": {"logprob", "rank", "decoded_token"}} per token)."""
-    entries = []
-    for chunk in completion.chunks:
-        for text in chunk.raw.get("logprobs", []):
-            for by_id in json.loads(text):
-                top = sorted(by_id.items(), key=lambda item: item[1]["rank"])[:TOP]
-                entries.append({"top_logprobs": {int(t): v["logprob"] for t, v in top}})
-    return entries
-
-
 def _check(server, reference, greedy, completions, label):
     raise_first_error(completions, label)
     verdicts = []
     for (prompt, _), want, got in zip(MIXED_CASES, greedy, completions):
-        logprobs = _logprobs(got)
+        logprobs = top_logprobs(got, TOP)
         assert len(logprobs) == len(got.token_ids), f"{label}: one logprobs entry per token"
         verdicts.append(reference.judge(prompt, got.token_ids, want, logprobs))
     print(f"\n[{label}, {SERVED_DTYPE}, quantization {SERVED_QUANTIZATION}] {summarize(verdicts)}")

@@ -15,7 +15,6 @@ import pytest
 
 from client import stream_grpc
 from launcher.model_config import write_model_repository
-from launcher.paths import MODEL_DIR
 from testkit.launch import Launch, start_launch
 
 pytestmark = pytest.mark.integration
@@ -105,9 +104,10 @@ def test_streams_in_flight_finish_before_the_launch_stops(repository, tmp_path):
 
 
 def test_a_configuration_error_ends_the_launch_with_the_models_message(tmp_path):
-    """`model` pointing at a file that is not a Hugging Face folder: the load fails, and the launch ends with
-    that message and a non-zero exit code instead of restarting the server again and again."""
-    bad = write_model_repository(tmp_path / "repository", {"llm": {**SMALL, "model": str(MODEL_DIR / "model.gguf")}})
+    """A parameter the model's load refuses (a `model` the launcher cannot read fails before the server starts,
+    tests/unit/test_gguf_models.py): the load fails, and the launch ends with that message and a non-zero exit
+    code instead of restarting the server again and again."""
+    bad = write_model_repository(tmp_path / "repository", {"llm": {**SMALL, "dtype": "float64"}})
     launch = start_launch(bad, tmp_path / "serve.out")
     try:
         code = launch.wait_exit(READY_TIMEOUT_S)
@@ -117,5 +117,5 @@ def test_a_configuration_error_ends_the_launch_with_the_models_message(tmp_path)
     text = launch.text()
     assert code != 0, text[-4000:]
     assert "it failed to start, and would again, so it is not restarted; what failed:" in text, text[-4000:]
-    assert "ConfigError: parameter 'model': no Hugging Face model folder" in text.split("not restarted")[-1], text
+    assert "ConfigError: parameter 'dtype' must be one of" in text.split("not restarted")[-1], text
     assert "restarting in" not in text, text[-4000:]

@@ -46,7 +46,10 @@ def _tiny_config(family: str, **overrides):
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "mistral": transformers.MistralConfig,
+        "qwen3": transformers.Qwen3Config,
     }[family]
+    if family == "qwen3":
+        kwargs["head_dim"] = 16  # (Qwen3Config's default is 128)
     return cls(**{**common, **kwargs, **overrides})
 
 
@@ -91,6 +94,26 @@ def tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(SMOL_DIR)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """arch -> (path, transformers' float32 model of it) of a tiny random GGUF with every block type
+    (testkit.tiny_gguf; qwen2's head untied), written and loaded once per session: transformers reads a GGUF's
+    49152-token vocabulary item by item, 15-20 s a load on 2 cores."""
+    cache: dict = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            from testkit.tiny_gguf import reference_model, write_tiny_gguf
+
+            path = write_tiny_gguf(
+                tmp_path_factory.mktemp(f"gguf-{arch}") / f"{arch}.gguf", arch=arch, tied=arch != "qwen2"
+            )
+            cache[arch] = path, reference_model(path)
+        return cache[arch]
+
+    return get
 
 
 @pytest.fixture(scope="module")

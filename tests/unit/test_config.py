@@ -124,7 +124,7 @@ def test_model_folder_without_config_json(tmp_path):
         ("num_speculative_tokens", "17", "'num_speculative_tokens' must be between"),
         ("ngram_min", "0", "'ngram_min' must be between"),
         ("spec_max_batch_size", "0", "'spec_max_batch_size' must be between"),
-        ("draft_model", "/no/such/folder", "'draft_model' must be a model folder"),
+        ("draft_model", "/no/such/folder", "'draft_model': model '/no/such/folder' does not exist"),
     ],
 )
 def test_bad_values_name_the_parameter(model_dir, name, raw, fragment):

@@ -32,12 +32,32 @@ def ragged_steps(runner: ModelRunner) -> list[torch.Tensor]:
     return [runner.forward(items) for items in steps]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
 def test_fused_equals_generic_in_float32(family, tiny_model_factory):
     path = tiny_model_factory(family)
     fused = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="fused")
     generic = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
     assert fused.impl == "fused" and generic.impl == "hf"
+    for got, want in zip(ragged_steps(fused), ragged_steps(generic)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_follows_llama_3_rope_scaling_and_an_untied_head(tmp_path):
+    """Llama-3's rope scaling (the rotary tables come from the model's own rotary module) and a separate LM head,
+    at positions past the original context length, where the scaling changes the frequencies."""
+    from tests.unit.conftest import make_tiny_model
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    path = make_tiny_model(
+        tmp_path / "llama3",
+        "llama",
+        rope_scaling={**scaling, "original_max_position_embeddings": 8},
+        tie_word_embeddings=False,
+    )
+    fused = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="fused")
+    generic = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
+    assert fused.model.config.rope_parameters["rope_type"] == "llama3"
+    assert fused.model.lm_head.weight.data_ptr() != fused.model.model.embed_tokens.weight.data_ptr()
     for got, want in zip(ragged_steps(fused), ragged_steps(generic)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -132,10 +152,11 @@ class CountingStack:
         return self.stack.forward(*args)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_decoder_stack_is_the_python_layer_loop_bit_for_bit(family, tiny_model_factory):
     """Short steps run every decoder layer in one native call (kernels/decoder_stack.cpp) where all projections
-    are low-bit kernel layers: the same calls as the Python loop, so the same bits (qwen2: with q/k/v biases)."""
+    are low-bit kernel layers: the same calls as the Python loop, so the same bits (qwen2: with q/k/v biases;
+    qwen3: with query and key head norms)."""
     path = tiny_model_factory(family)
     native = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
     assert native.fused.stack is not None and native.fused.stack.layers() == len(native.fused.layers)

@@ -15,12 +15,12 @@ from backend.model import model_source
 from backend.model.linear import LowBitLinear
 from launcher.paths import MODEL_DIR as SMOL_DIR
 from testkit import fidelity
-from testkit.tiny_gguf import reference_model, smollm2_gguf, write_tiny_gguf
+from testkit.tiny_gguf import smollm2_gguf
 
 PROMPTS = [[504, 3575, 282, 4649, 314], [1, 2, 3, 4, 5, 6, 7, 8], [100, 200, 300]]
 NEW_TOKENS = 12
-# arch -> (tied head, the model path the engine should take, low-bit layers of 9: layer 1 holds F16/BF16/F32)
-CASES = {"llama": (True, "fused", 7), "qwen2": (False, "fused", 6), "qwen3": (True, "hf", 0)}
+# arch -> (the model path the engine should take, layers on the kernel of 9: layer 1 has two F16/BF16/F32 ones)
+CASES = {"llama": ("fused", 7), "qwen2": ("fused", 7), "qwen3": ("fused", 7)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,14 +58,13 @@ def reference_judge(model, prompt_ids, ours, our_logprobs) -> fidelity.Verdict:
 
 
 @pytest.mark.parametrize("arch", CASES)
-def test_a_gguf_file_is_served_as_transformers_computes_it(arch, tmp_path):
-    tied, impl, low_bit = CASES[arch]
-    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch, tied=tied)
+def test_a_gguf_file_is_served_as_transformers_computes_it(arch, tiny_gguf):
+    impl, low_bit = CASES[arch]
+    path, reference = tiny_gguf(arch)
     engine = LLMEngine(EngineConfig(model=str(path), kv_cache_blocks=32, quantization="gguf", max_num_seqs=4))
     assert engine.runner.impl == impl
     layers = engine.runner.fused.linear_layers() if engine.runner.fused else []
     assert sum(isinstance(lin, LowBitLinear) for lin in layers) == low_bit
-    reference = reference_model(path)
     verdicts = [reference_judge(reference, ids, *greedy_with_logprobs(engine, ids)) for ids in PROMPTS]
     summary = fidelity.summarize(verdicts)
     print(f"{arch}: {summary}")  # the count of near-ties, for the report
@@ -101,5 +100,30 @@ def test_what_model_may_name(tmp_path):
     with pytest.raises(model_source.ModelSourceError, match="2 .gguf files"):
         model_source.resolve(two)
     assert model_source.resolve(SMOL_DIR) == SMOL_DIR  # a Hugging Face folder is itself
+    EngineConfig(model=str(smollm2_gguf()), quantization="gguf", draft_model=str(smollm2_gguf())).validate()
+    with pytest.raises(ConfigError, match="parameter 'draft_model'.*is not a .gguf file"):
+        EngineConfig(model=str(SMOL_DIR), draft_model=str(SMOL_DIR / "config.json")).validate()
     with pytest.raises(ConfigError, match="parameter 'model'.*does not exist"):
         LLMEngine(EngineConfig(model=str(tmp_path / "missing")))
+
+
+def test_the_launcher_prepares_the_folder_the_front_door_reads(tmp_path, tiny_gguf):
+    """`make serve` with a GGUF `model`: the launcher has the engine's code prepare the file's folder before the
+    server starts, and hands it to the front door, whose tokenizer and chat template load from it."""
+    from frontend.tokenizer import ModelTokenizer
+    from launcher.model_config import served_model_folder, set_parameter
+    from launcher.paths import DEFAULT_MODEL_REPOSITORY
+
+    path = tiny_gguf("llama")[0]
+    config = tmp_path / "llm" / "config.pbtxt"
+    config.parent.mkdir()
+    config.write_text(
+        set_parameter((DEFAULT_MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text(), "model", str(path))
+    )
+    folder = served_model_folder(config)
+    assert folder == model_source.resolve(path) and (folder / model_source.GGUF_NAME).resolve() == path.resolve()
+    tokenizer = ModelTokenizer(folder)
+    assert tokenizer.chat_template and tokenizer.encode("Hello") == ModelTokenizer(SMOL_DIR).encode("Hello")
+    config.write_text(set_parameter(config.read_text(), "model", str(tmp_path / "missing.gguf")))
+    with pytest.raises(ValueError, match="parameter 'model'.*does not exist"):
+        served_model_folder(config)

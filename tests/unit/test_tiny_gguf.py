@@ -18,7 +18,6 @@ from testkit.tiny_gguf import (
     quantize,
     random_weights,
     read_gguf,
-    reference_model,
     smollm2_gguf,
     write_tiny_gguf,
 )
@@ -91,16 +90,15 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tiny_arch_loads_in_transformers(arch, tmp_path):
+def test_tiny_arch_loads_in_transformers(arch, tiny_gguf):
     tied = arch != "qwen2"  # one untied head
-    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch=arch, tied=tied)
+    path, model = tiny_gguf(arch)
     tensors = read_gguf(path)[1]
     expected = {"blk.1.ffn_gate.weight": QT.F32, "blk.0.attn_norm.weight": QT.F32, "blk.0.ffn_down.weight": QT.Q5_K}
     expected |= {f"blk.1.{k[6:]}.weight": QT[v] for k, v in DEFAULT_TYPES.items() if k.startswith("blk.1.")}
     assert {name: tensors[name][0] for name in expected} == expected
     assert ("output.weight" in tensors) != tied
 
-    model = reference_model(path)
     config = model.config
     assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (2, 256, 4)
     assert (config.num_key_value_heads, config.vocab_size, config.tie_word_embeddings) == (2, 49152, tied)
