@@ -5,9 +5,8 @@ three q/k/v matmuls, two MLP input matmuls and a few dozen small ops through Pyt
 weights are laid out once at load: q/k/v fused into one matmul, gate/up into another (optionally with
 low-bit copies for small batches, see `linear.py`), rotary tables computed once per step for all layers,
 RoPE applied to queries and keys together (after Qwen3's per-head RMSNorm of each), and the residual stream kept
-as one [T, hidden] tensor. The
-arithmetic is Hugging Face's, op for op (RMSNorm in float32, RoPE and residuals in the model's dtype), so
-float32 results match the generic path.
+as one [T, hidden] tensor. The arithmetic is Hugging Face's, op for op (RMSNorm in float32, RoPE and residuals in
+the model's dtype), so float32 results match the generic path.
 """
 
 from __future__ import annotations
