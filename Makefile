@@ -17,6 +17,8 @@
 #   make llama-cpp       llama.cpp's llama-bench and llama-server for the benchmark's section 6, built for this CPU
 #                 from the hash-pinned llama-cpp-python sdist into .cache/llama.cpp/bin (about 8 minutes on 2 cores)
 #   make bench    the benchmark report (llm-bench $(BENCH_ARGS)) into benchmarks/results, llama.cpp included
+#   make bench-kquant    section 6 on the shipped GGUF re-quantized to KQUANT=Q4_K_M by llama.cpp, served from the
+#                 file by both (benchmarks/results/q4_k_m)
 #   make clean    remove .venv, .triton and .cache (keeps models/);  make clean-all also removes models/
 #
 # Every target is idempotent: finished work is skipped (stamp files / existing outputs).
@@ -163,7 +165,7 @@ deploy-check: venv
 	$(VENV_PY) -m deploy.check
 
 # The benchmark's peer (benchmarks/llama_cpp_build.py): needs cmake and a C++ compiler, installed where missing.
-.PHONY: llama-cpp bench
+.PHONY: llama-cpp bench bench-kquant
 BENCH_ARGS ?=
 llama-cpp: venv
 	@command -v cmake >/dev/null || { $(call apt-install,cmake,make llama-cpp); }
@@ -172,6 +174,14 @@ llama-cpp: venv
 
 bench: venv model triton kernels weights llama-cpp
 	$(VENV)/bin/llm-bench $(BENCH_ARGS)
+
+# Section 6 on a K-quant file: the shipped GGUF re-quantized by llama.cpp's llama-quantize (KQUANT, default
+# Q4_K_M), served straight from the file by us and loaded by llama-bench / llama-server.
+KQUANT ?= Q4_K_M
+bench-kquant: venv model triton kernels llama-cpp
+	file=$$($(VENV_PY) -m benchmarks.llama_cpp_build --quantize $(KQUANT) | tail -1); \
+	$(VENV)/bin/llm-bench --only 6 --model "$$file" --gguf "$$file" \
+	  --out benchmarks/results/$$(echo $(KQUANT) | tr A-Z a-z) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TRITON_DIR) .cache .pytest_cache

@@ -159,7 +159,7 @@ def run_sections(bench: Bench, only: list[int], workdir: Path) -> tuple[dict[int
     try:
         if variants:
             try:
-                bench.server = Server(bench.s.engine_threads, workdir, variants)
+                bench.server = Server(bench.s.engine_threads, workdir, variants, bench.model_dir)
             except Exception:
                 errors.update(
                     {n: "tritonserver did not start:\n" + traceback.format_exc() for n in only if n in SERVED_VARIANTS}

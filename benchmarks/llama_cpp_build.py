@@ -28,7 +28,7 @@ URL = (
     "https://files.pythonhosted.org/packages/ec/e9/"
     f"e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-{VERSION}.tar.gz"
 )
-PROGRAMS = ("llama-bench", "llama-server")
+PROGRAMS = ("llama-bench", "llama-server", "llama-quantize")  # llama-quantize: the K-quant file of section 6
 FLAGS_FILE = "cpu-flags.txt"
 
 
@@ -140,12 +140,35 @@ def build(jobs: int, force: bool = False) -> Path:
     return bin_dir
 
 
+def quantized(bin_dir: Path, source: Path, kind: str) -> Path:
+    """`source` re-quantized to `kind` (a llama-quantize type: Q4_K_M, Q6_K, ...) by this build's llama-quantize,
+    once, beside the build: the K-quant file that benchmark section 6 serves on both sides (`make bench-kquant`)."""
+    out = cache_dir() / "models" / f"{source.stem}.{kind}.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".part")
+        command = [str(bin_dir / "llama-quantize"), "--allow-requantize", str(source), str(partial), kind]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        partial.replace(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="parallel compile jobs")
     ap.add_argument("--force", action="store_true", help="rebuild even where a build for this CPU is there")
+    ap.add_argument(
+        "--quantize",
+        metavar="KIND",
+        default="",
+        help="then print the path of the shipped model's GGUF re-quantized to KIND (e.g. Q4_K_M), made once",
+    )
     args = ap.parse_args(argv)
-    build(args.jobs, args.force)
+    bin_dir = build(args.jobs, args.force)
+    if args.quantize:
+        from launcher import prepare_model
+
+        print(quantized(bin_dir, prepare_model.gguf_dir() / prepare_model.GGUF_FILE, args.quantize))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ from testkit import prometheus
 
 class Server:
     """tritonserver (the launcher) on free loopback ports with a temporary model repository holding the
-    `variants` (names of VARIANTS), each at the run's thread count."""
+    `variants` (names of VARIANTS), each serving `model` (the run's --model) at the run's thread count."""
 
-    def __init__(self, threads: int, workdir: Path, variants: list[str]):
-        overrides = {v: {"num_threads": str(threads), **VARIANTS[v]} for v in variants}  # a variant's own wins
+    def __init__(self, threads: int, workdir: Path, variants: list[str], model: str):
+        # a variant's own parameters win
+        overrides = {v: {"num_threads": str(threads), "model": model, **VARIANTS[v]} for v in variants}
         repository = write_model_repository(workdir / "model_repository", overrides)
         self.log_path = workdir / "tritonserver.log"
         self.ports = [launcher.free_port() for _ in range(3)]

@@ -277,7 +277,7 @@ def run(bench: Bench) -> list[str]:
     return [
         f"The same weights: {llama.gguf.name} (llama.cpp build {theirs_decode['build']}, "
         f"{theirs_decode['model_type']}), "
-        f"against ours serving the model folder converted from it (`{MAIN_MODEL}`, the served configuration), "
+        f"against ours serving {Path(bench.model_dir).name} (`{MAIN_MODEL}`, the served configuration), "
         f"llama.cpp with {s.peer_threads} thread(s) (`-t`, every core), ours with {s.threads} (its serving default).",
         "",
         f"Batch-1 decode: `{theirs_decode['command']}` (generation with no prompt, mean of "

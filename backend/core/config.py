@@ -16,7 +16,7 @@ class ConfigError(ValueError):
 
 _DTYPES = ("float32", "bfloat16", "float16")
 MODEL_IMPLS = ("auto", "fused", "hf")
-QUANTIZATIONS = ("auto", "gguf", "gguf_int8", "q8_0", "int4", "int8", "none")
+QUANTIZATIONS = ("auto", "gguf", "gguf_int8", "half", "q8_0", "int4", "int8", "none")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 

@@ -31,8 +31,18 @@ def supports(config) -> bool:
         bool(architectures)
         and architectures[0] in ARCHITECTURES
         and getattr(config, "hidden_act", "silu") == "silu"
-        and not getattr(config, "use_sliding_window", False)
+        and not _sliding_window_applies(config)
     )
+
+
+def _sliding_window_applies(config) -> bool:
+    """Whether attention is limited to a window shorter than the context (Mistral's `sliding_window`; Qwen's only
+    with `use_sliding_window`): the fused forward attends over the whole context, Hugging Face's modules on our
+    paged attention honour the window."""
+    window = getattr(config, "sliding_window", None)
+    if not getattr(config, "use_sliding_window", True):
+        window = None
+    return window is not None and window < getattr(config, "max_position_embeddings", window + 1)
 
 
 @dataclass

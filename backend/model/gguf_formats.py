@@ -13,8 +13,10 @@ returns blocks whose `dequantize` is, bit for bit, what gguf-py's de-quantizatio
   super-block's; d * (scale * q) and gguf-py's (d * scale) * q are the same exact product (at most 23
   significant bits).
 
-Other types (F32, F16, BF16, Q2_K, Q3_K, the IQ types) have no decoder: those weights are served dense, as
-transformers de-quantizes them.
+- F16, BF16: the values as stored (`HalfWeights`), exact in fp32.
+
+Other types (F32, Q2_K, Q3_K, the IQ types) have no decoder: those weights are served dense, as transformers
+de-quantizes them.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backend.model.weight_blocks import Blocks
+from backend.model.weight_blocks import Blocks, HalfWeights
 
 SUPER = 256  # inputs per K-quant super-block
 
@@ -122,8 +124,19 @@ def _super_blocks(format, d, m, q) -> Blocks:
     return _blocks(format, *flat, np.ascontiguousarray(q.reshape(rows, -1, 32)))
 
 
+def _half_weights(format: str, dtype: torch.dtype):
+    def decoder(raw):
+        # a copy: gguf-py maps the file read-only
+        values = torch.from_numpy(raw.reshape(raw.shape[0], -1).copy()).view(dtype)
+        return HalfWeights(format, values)
+
+    return decoder
+
+
 # GGUF type name -> (bytes per block, inputs per block, decoder)
 DECODERS = {
+    "F16": (2, 1, _half_weights("f16", torch.float16)),
+    "BF16": (2, 1, _half_weights("bf16", torch.bfloat16)),
     "Q4_0": (18, 32, _q4_0),
     "Q4_1": (20, 32, _q4_1),
     "Q5_0": (22, 32, _q5_0),
@@ -135,10 +148,10 @@ DECODERS = {
 }
 
 
-def decode(type_name: str, raw: np.ndarray) -> Blocks | None:
+def decode(type_name: str, raw: np.ndarray) -> Blocks | HalfWeights | None:
     """Blocks of a GGUF tensor of type `type_name` from its bytes [N, bytes per row]; None for types served dense."""
     if type_name not in DECODERS:
         return None
     size, _, decoder = DECODERS[type_name]
-    raw = np.asarray(raw, dtype=np.uint8)
+    raw = np.ascontiguousarray(raw).view(np.uint8)  # gguf-py reads F16 tensors as float16, the rest as bytes
     return decoder(raw.reshape(raw.shape[0], -1, size))

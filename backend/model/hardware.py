@@ -54,33 +54,45 @@ def resolve_dtype(requested: str, device: str, cpu_flags: set[str] | None = None
 # bf16 + int4 at 1, 8 and 32 streams, so `auto` takes it there too. Only on AMX, where bf16 matmuls are
 # several times cheaper again, does bf16 + int4 remain the default.
 _BF16_BEATS_GGUF_FLAGS = ("amx_bf16",)
-KERNEL_KINDS = ("gguf", "gguf_int8", "q8_0")  # low-bit weights on our kernel, dtype float32
+KERNEL_KINDS = ("gguf", "gguf_int8", "half", "q8_0")  # weights on our kernel, dtype float32
 _BF16_KINDS = ("int4", "int8")  # low-bit weights with bf16 activations (torch's kernels)
 
 
 def resolve_weights(
-    dtype: str, quantization: str, device: str, has_gguf: bool, kernel_isa: int, cpu_flags: set[str] | None = None
+    dtype: str,
+    quantization: str,
+    device: str,
+    has_gguf: bool,
+    kernel_isa: int,
+    cpu_flags: set[str] | None = None,
+    *,
+    stored_16_bit: bool = False,
 ) -> tuple[str, str, str]:
-    """(dtype, quantization, reason). `quantization: auto` serves a model's own GGUF blocks exactly (fp32
-    activations, our kernel) where the kernel runs, except on CPUs where bf16 + int4 measured faster; without
-    blocks it is int4 over bf16 where bf16 is native, else dense."""
+    """(dtype, quantization, reason). `quantization: auto` serves the model's own weights exactly (fp32
+    activations, our kernel) where the kernel runs: its GGUF blocks, or a checkpoint's bf16 / fp16 weights
+    (`stored_16_bit`), except on CPUs where bf16 + int4 measured faster; otherwise int4 over bf16 where bf16 is
+    native, else dense. Re-quantizing (q8_0) changes the weights, so it is never picked for the user."""
     flags = cpu_flags_of_this_machine() if cpu_flags is None else cpu_flags
     if quantization == "auto":
         if device != "cpu":
             dtype, why = resolve_dtype(dtype, device, flags)
             return dtype, "none", f"auto: dense weights on {device}; dtype {why}"
         bf16_faster = [f for f in _BF16_BEATS_GGUF_FLAGS if f in flags]
-        if has_gguf and kernel_isa and dtype in ("auto", "float32") and not (dtype == "auto" and bf16_faster):
+        exact_path = kernel_isa and dtype in ("auto", "float32") and not (dtype == "auto" and bf16_faster)
+        if exact_path and has_gguf:
             return "float32", "gguf", "auto: the model's own GGUF blocks, exact, with fp32 activations"
+        if exact_path and stored_16_bit:
+            why = "auto: the checkpoint's own 16-bit weights, exact, with fp32 activations (against dense fp32 at load)"
+            return "float32", "half", why
         dtype, why = resolve_dtype(dtype, device, flags)
         if dtype == "bfloat16":
             reason = (
                 f"the CPU has {bf16_faster[0]}, where bf16 + int4 measured faster"
-                if bf16_faster and has_gguf
+                if bf16_faster and (has_gguf or stored_16_bit)
                 else "no GGUF blocks or no low-bit kernel"
             )
             return dtype, "int4", f"auto: {reason}; dtype {why}"
-        return dtype, "none", f"auto: no GGUF blocks or no low-bit kernel, dense weights; dtype {why}"
+        return dtype, "none", f"auto: no GGUF blocks, no 16-bit weights or no kernel, dense weights; dtype {why}"
     if quantization in KERNEL_KINDS:
         if dtype not in ("auto", "float32"):
             raise ValueError(f"quantization {quantization} computes in float32; dtype {dtype} was set")
@@ -108,9 +120,10 @@ def serving_threads() -> int:
 
 def resolve_for_model(model_dir: str, dtype: str, quantization: str, device: str) -> tuple[str, str, str, int]:
     """`resolve_weights` for a model folder on this machine: (dtype, quantization, reason, kernel isa)."""
-    from backend.model import kernels
+    from backend.model import kernels, model_source
     from backend.model.gguf_weights import find_gguf
 
     has_gguf = find_gguf(model_dir) is not None
-    isa = kernels.best_isa() if device == "cpu" and (has_gguf or quantization in KERNEL_KINDS) else 0
-    return (*resolve_weights(dtype, quantization, device, has_gguf, isa), isa)
+    stored_16_bit = not has_gguf and quantization == "auto" and model_source.stored_in_16_bits(model_dir)
+    isa = kernels.best_isa() if device == "cpu" and (has_gguf or stored_16_bit or quantization in KERNEL_KINDS) else 0
+    return (*resolve_weights(dtype, quantization, device, has_gguf, isa, stored_16_bit=stored_16_bit), isa)

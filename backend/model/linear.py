@@ -15,6 +15,7 @@ to summation order while reading a seventh of its bytes. Its pure-torch fallback
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +124,22 @@ class LowBitLinear(DenseLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return super().__call__(x) if x.shape[0] > self.max_m else self.on_kernel(x)
+
+    def one_row_timings(self, repeats: int = 15) -> tuple[float, float]:
+        """Median milliseconds of one row through this layer on the kernel and dense: what `quantization: half`
+        measures at load to choose between them."""
+        x = torch.randn(1, self.weight.shape[1])
+
+        def median_ms(call) -> float:
+            call(x)  # warm
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                call(x)
+                times.append(time.perf_counter() - start)
+            return sorted(times)[len(times) // 2] * 1000
+
+        return median_ms(self.on_kernel), median_ms(super().__call__)
 
     def on_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The layer on the low-bit kernel, whatever the rows."""

@@ -49,6 +49,22 @@ def has_gguf(model: str | Path) -> bool:
     return locate(model) is not None or (Path(model).expanduser() / GGUF_NAME).is_file()
 
 
+def stored_in_16_bits(folder: str | Path) -> bool:
+    """Whether a Hugging Face folder's safetensors hold every floating-point weight in bf16 or fp16 (their headers
+    only are read)."""
+    files = sorted(Path(folder).expanduser().glob("*.safetensors"))
+    if not files:
+        return False
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}
+        if not dtypes & {"BF16", "F16"} or dtypes & {"F32", "F64"}:
+            return False
+    return True
+
+
 def locate(model: str | Path) -> Path | None:
     """The GGUF file `model` names, None for a Hugging Face folder; raises ModelSourceError for anything else.
     Cheap (reads no file): what the configuration's validation runs."""

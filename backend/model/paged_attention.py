@@ -9,7 +9,7 @@ each get their own call, so one long prompt does not pad every decode to its len
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,20 @@ class AttentionGroup:
     mask: torch.Tensor  # [N, 1, R * Q, B * block_size] True where a query may attend
     out_rows: torch.Tensor  # [rows] flat rows this group produces
     out_select: torch.Tensor  # [rows] positions of those rows in the group's [N * Q] output
+    positions: torch.Tensor  # [N, Q] each query's position (padding repeats a valid one)
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window -> mask, built on first use
+
+    def mask_within(self, window: int | None) -> torch.Tensor:
+        """The mask, limited to the last `window` positions (Hugging Face's sliding window: key > query - window)
+        where a layer has one (Gemma 2/3's sliding layers, Phi-3); built once per step and window."""
+        if not window:
+            return self.mask
+        if window not in self.windowed:
+            key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+            recent = key_pos[None, None, :] > self.positions[:, :, None] - window  # [N, Q, K]
+            repeats = self.mask.shape[2] // self.num_queries  # the R query heads of a KV head, as the mask's rows
+            self.windowed[window] = self.mask & recent.unsqueeze(1).repeat(1, 1, repeats, 1)
+        return self.windowed[window]
 
 
 @dataclass
@@ -114,15 +128,23 @@ def _group(slices: list[SeqSlice], block_size: int, queries_per_kv: int) -> Atte
     key_pos = torch.arange(max_blocks * block_size)
     mask = (key_pos[None, None, :] <= q_pos[:, :, None]).unsqueeze(1).repeat(1, 1, queries_per_kv, 1)
     return AttentionGroup(
-        query_index.flatten(), max_q, block_ids.flatten(), mask, torch.cat(out_rows), torch.cat(out_select)
+        query_index.flatten(), max_q, block_ids.flatten(), mask, torch.cat(out_rows), torch.cat(out_select), q_pos
     )
 
 
 def paged_attention(
-    layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata, scale: float
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Write this step's keys and values into layer `layer`'s blocks, then attend every sequence over its own
-    blocks. query [T, H, D], key/value [T, KVH, D] for the flat batch; returns [T, H, D]."""
+    blocks (the last `sliding_window` positions only, where given; scores soft-capped as `softcap * tanh(s /
+    softcap)`, where given). query [T, H, D], key/value [T, KVH, D] for the flat batch; returns [T, H, D]."""
     layer_cache = meta.kv_cache[layer]
     _, _, block_size, kv_heads, head_dim = layer_cache.shape
     layer_cache[0].view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key.to(layer_cache.dtype))
@@ -138,13 +160,25 @@ def paged_attention(
         group_q = group_q.reshape(n, kv_heads, -1, head_dim)
         kv = layer_cache.index_select(1, group.block_ids).view(2, n, -1, kv_heads, head_dim).transpose(2, 3)
         kv = kv.to(query.dtype)
-        attended = F.scaled_dot_product_attention(group_q, kv[0], kv[1], attn_mask=group.mask, scale=scale)
+        mask = group.mask_within(sliding_window)
+        if softcap:
+            attended = _softcapped_attention(group_q, kv[0], kv[1], mask, scale, softcap)
+        else:
+            attended = F.scaled_dot_product_attention(group_q, kv[0], kv[1], attn_mask=mask, scale=scale)
         # [N, KVH, R * Q, D] -> [N * Q, H, D]
         flat = attended.view(n, heads, q_len, head_dim).transpose(1, 2).reshape(n * q_len, heads, head_dim)
         if out is None:
             return flat
         out[group.out_rows] = flat[group.out_select]
     return out
+
+
+def _softcapped_attention(query, key, value, mask, scale: float, softcap: float) -> torch.Tensor:
+    """Attention with Gemma 2's capped scores, as Hugging Face's eager attention computes it (SDPA has no cap)."""
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value)
 
 
 def hf_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -158,6 +192,8 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
         value[0].transpose(0, 1),
         kwargs["paged_attention"],
         scale,
+        kwargs.get("sliding_window"),
+        kwargs.get("softcap"),
     )
     return out.unsqueeze(0), None
 

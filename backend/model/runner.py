@@ -13,7 +13,7 @@ from backend.model.gguf_weights import verified_packed
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
 from backend.model.paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
-from backend.model.weight_blocks import Q4_1_INT8, Packed, quantize_q8_0
+from backend.model.weight_blocks import Q4_1_INT8, HalfWeights, Packed, quantize_q8_0
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +134,51 @@ class ModelRunner:
             blocks, why = verified_packed(model_path, self.model)
             log.info("quantization gguf: %s", why)
             return blocks, isa
+        if quantization == "half":
+            return self._half_weights(isa), isa
         blocks = {}
-        for name, module in self.model.named_modules():
-            if isinstance(module, torch.nn.Linear) and module.in_features % 32 == 0:
+        for name, module in self._linear_modules():
+            if module.in_features % 32 == 0:
                 q8 = quantize_q8_0(module.weight.detach())
                 blocks[f"{name}.weight"] = q8.packed()
                 # The dense weights become the same grid, so steps past max_lowbit_rows compute the same model.
                 module.weight.data.copy_(q8.dequantize())
         log.info("quantization q8_0: %d weights re-quantized (not exact: the bf16 fidelity rule)", len(blocks))
         return blocks, isa
+
+    def _linear_modules(self) -> list[tuple[str, torch.nn.Linear]]:
+        return [(n, m) for n, m in self.model.named_modules() if isinstance(m, torch.nn.Linear)]
+
+    def _half_weights(self, isa: int) -> dict[str, Packed]:
+        """Every linear weight that 16 bits hold exactly (a bf16 / fp16 checkpoint, loaded in fp32), for the kernel,
+        where it measures faster than dense fp32 on this CPU (one row through the largest such weight)."""
+        halves, total = {}, 0
+        for name, module in self._linear_modules():
+            total += 1
+            half = HalfWeights.of(module.weight.detach()) if module.in_features % 32 == 0 else None
+            if half is not None:
+                halves[f"{name}.weight"] = (half.packed(), module.weight.detach())
+        if not halves:
+            log.info("quantization half: none of %d linear weights is exact in 16 bits; dense fp32 weights", total)
+            return {}
+        packed, weight = max(halves.values(), key=lambda pair: pair[1].numel())
+        kernel_ms, dense_ms = LowBitLinear(weight, None, [packed], isa, max_m=1).one_row_timings()
+        measured = (
+            f"one row through a {weight.shape[0]}x{weight.shape[1]} weight: {kernel_ms:.3f} ms on the kernel, "
+            f"{dense_ms:.3f} ms dense fp32"
+        )
+        if kernel_ms >= dense_ms:
+            log.info("quantization half: dense fp32 weights serve, faster on this CPU (%s)", measured)
+            return {}
+        formats = sorted({p.format for p, _ in halves.values()})
+        log.info(
+            "quantization half: %d of %d linear weights exact in 16 bits (%s), served from them (%s)",
+            len(halves),
+            total,
+            ", ".join(formats),
+            measured,
+        )
+        return {name: p for name, (p, _) in halves.items()}
 
     @staticmethod
     def read_shape(model_path: str) -> ModelShape:

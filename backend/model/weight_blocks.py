@@ -3,7 +3,8 @@
 Every GGUF block type the kernels serve is decoded into one of six record formats (`gguf_formats.py`), each
 weight exactly as gguf-py de-quantizes it: `dequantize` computes that reference (d * q is exact in fp32, so one
 rounding at most, in `+ m`), which is how the loaded fp32 model is checked to hold these very blocks. `pack` lays
-blocks out for the C++ kernel (see `kernels/lowbit.cpp`).
+blocks out for the C++ kernel (see `kernels/lowbit.cpp`). `HalfWeights` are the 16-bit kinds (GGUF F16 / BF16, a
+checkpoint's bf16 or fp16 weights): no blocks, the same interface.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ RECORDS = {
     "q5_k": (5, 8, True, torch.float32),
     "q6_k": (6, 16, False, torch.float16),
 }
-FORMATS = {name: record[0] for name, record in RECORDS.items()}  # the kernel's format codes
+HALVES = {"f16": (7, torch.float16), "bf16": (8, torch.bfloat16)}  # format -> (the kernel's code, dtype)
+FORMATS = {name: record[0] for name, record in (RECORDS | HALVES).items()}  # the kernel's format codes
 Q4_1_INT8 = 2  # Q4_1 weights times activations rounded to int8 per block (quantization gguf_int8; not exact)
 _Q_DTYPES = {4: torch.uint8, 8: torch.int8, 16: torch.int16}
 
@@ -108,6 +110,49 @@ class Blocks:
         words = words.contiguous().view(torch.uint8)  # little-endian: input 0 in the low bits
         parts = [per_tile(d)] + ([] if m is None else [per_tile(m)]) + [words.reshape(tiles, blocks, -1)]
         return torch.cat(parts, dim=-1).contiguous().view(-1)
+
+
+@dataclass
+class HalfWeights:
+    """A weight stored in 16 bits (fp16 or bf16): each value converts to fp32 exactly, so the kernel reads two
+    bytes per weight and computes the fp32 model (`Blocks`' interface)."""
+
+    format: str  # a key of HALVES
+    values: torch.Tensor  # [N, K] of the format's dtype
+
+    def __post_init__(self):
+        if self.values.dtype != HALVES[self.format][1]:
+            raise ValueError(f"{self.format} weights need {HALVES[self.format][1]}, got {self.values.dtype}")
+
+    @staticmethod
+    def of(weight: torch.Tensor) -> HalfWeights | None:
+        """The 16-bit form of an fp32 weight that one holds exactly (bf16 tried first), else None."""
+        for name in ("bf16", "f16"):
+            values = weight.to(HALVES[name][1])
+            if torch.equal(values.float(), weight):
+                return HalfWeights(name, values.contiguous())
+        return None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.values.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.values.float()
+
+    def rows(self, index: torch.Tensor) -> HalfWeights:
+        return HalfWeights(self.format, self.values[index])
+
+    def packed(self) -> Packed:
+        return Packed(self.format, self.shape[0], self.pack())
+
+    def pack(self) -> torch.Tensor:
+        """uint8: rows in tiles of 16 (the last padded with zero rows), each tile input-major (16 rows' input 0,
+        then input 1, ...), as the kernel's dense tiles are laid out."""
+        rows, cols = self.shape
+        v = self.values.view(torch.int16)
+        v = torch.cat([v, v.new_zeros(-rows % TILE, cols)])
+        return v.view(-1, TILE, cols).transpose(1, 2).contiguous().view(torch.uint8).view(-1)
 
 
 def quantize_q8_0(weight: torch.Tensor) -> Blocks:

@@ -56,5 +56,6 @@ def test_a_gguf_file_through_triton_follows_transformers(server):
 def test_the_load_log_names_the_gguf_and_the_layers_on_the_kernel(server):
     log = server.log_path.read_text(errors="replace")
     assert "reading the configuration and tokenizer of" in log and GGUF_FILE in log
-    # layer 1 holds F16 / BF16 / F32 projections (dense); every other projection and the Q6_K head on the kernel
-    assert "low-bit kernel for 7 of 9 layers" in log
+    # layer 1's gate/up holds an F32 weight (dense); every other projection (F16 and BF16 ones too) and the Q6_K
+    # head on the kernel
+    assert "low-bit kernel for 8 of 9 layers" in log

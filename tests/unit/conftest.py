@@ -47,19 +47,31 @@ def _tiny_config(family: str, **overrides):
         "qwen2": transformers.Qwen2Config,
         "mistral": transformers.MistralConfig,
         "qwen3": transformers.Qwen3Config,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
     }[family]
-    if family == "qwen3":
-        kwargs["head_dim"] = 16  # (Qwen3Config's default is 128)
+    if family in ("qwen3", "gemma2", "gemma3"):
+        kwargs["head_dim"] = 16  # (their default is 128 or 256)
+    if family in ("gemma2", "gemma3", "phi3"):
+        # windows shorter than the test prompts, so that the sliding layers' masks matter
+        kwargs["sliding_window"] = 8
+    if family == "gemma2":
+        kwargs["attn_logit_softcapping"] = 0.5  # small enough to change random scores (the default is 50)
+    if family in ("gemma2", "gemma3"):
+        kwargs["query_pre_attn_scalar"] = 16
+        kwargs["layer_types"] = ["sliding_attention", "full_attention"]
     return cls(**{**common, **kwargs, **overrides})
 
 
-def make_tiny_model(folder: Path, family: str = "llama", seed: int = 0, **overrides) -> str:
-    """A randomly initialised model of `family` saved in `folder` with SmolLM2's tokenizer files."""
+def make_tiny_model(folder: Path, family: str = "llama", seed: int = 0, dtype=None, **overrides) -> str:
+    """A randomly initialised model of `family` saved in `folder` (weights in `dtype`, default float32) with
+    SmolLM2's tokenizer files."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_tiny_config(family, **overrides))
+    model = AutoModelForCausalLM.from_config(_tiny_config(family, **overrides)).to(dtype or torch.float32)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     for name in TOKENIZER_FILES:

@@ -109,7 +109,7 @@ def test_model_folder_without_config_json(tmp_path):
         (
             "quantization",
             "int3",
-            "'quantization' must be one of ['auto', 'gguf', 'gguf_int8', 'q8_0', 'int4', 'int8', 'none']",
+            "'quantization' must be one of ['auto', 'gguf', 'gguf_int8', 'half', 'q8_0', 'int4', 'int8', 'none']",
         ),
         ("model_impl", "vllm", "'model_impl' must be one of ['auto', 'fused', 'hf']"),
         ("max_num_seqs", "0", "'max_num_seqs' must be between 1 and"),

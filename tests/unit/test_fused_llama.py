@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.model import fused_llama
+from backend.model import fused_llama, model_source
+from backend.model.linear import LowBitLinear
 from backend.model.runner import ForwardItem, ModelRunner
+from backend.model.weight_blocks import FORMATS
 from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 
@@ -98,6 +100,20 @@ def test_supports_rejects_what_it_does_not_compute():
     assert not fused_llama.supports(Config())
 
 
+def test_a_sliding_window_shorter_than_the_context_takes_hugging_faces_modules(tmp_path):
+    """Mistral-7B-v0.1's 4096-token window in a 32k context: the fused forward would attend too far back."""
+    from transformers import MistralConfig, Qwen2Config
+
+    def config(cls, **kwargs):
+        return cls(architectures=[cls.__name__.replace("Config", "ForCausalLM")], max_position_embeddings=512, **kwargs)
+
+    assert not fused_llama.supports(config(MistralConfig, sliding_window=8))
+    assert fused_llama.supports(config(MistralConfig, sliding_window=None))
+    assert fused_llama.supports(config(MistralConfig, sliding_window=4096))  # never reached
+    assert fused_llama.supports(config(Qwen2Config, sliding_window=8, use_sliding_window=False))
+    assert not fused_llama.supports(config(Qwen2Config, sliding_window=8, use_sliding_window=True))
+
+
 def test_q8_0_runner_computes_its_own_grid_exactly(tiny_llama):
     """quantization q8_0: the low-bit kernel (small steps) and the dense fallback (the 18-token chunk) both
     compute the re-quantized model, which the generic path computes from the same de-quantized weights."""
@@ -125,6 +141,49 @@ def test_layer_ops_equal_torch_ops(tiny_llama):
     without.fused.ops = None
     for got, want in zip(ragged_steps(with_ops), ragged_steps(without)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tmp_path_factory) -> str:
+    """A tiny Llama saved in bf16, as most checkpoints are."""
+    from tests.unit.conftest import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("bf16"), "llama", dtype=torch.bfloat16)
+
+
+def kernel_measured(monkeypatch, faster: bool) -> None:
+    """What `quantization: half` measures at load, set: on tiny weights a call's overhead decides it."""
+    monkeypatch.setattr(LowBitLinear, "one_row_timings", lambda self: (1.0, 2.0) if faster else (2.0, 1.0))
+
+
+def test_half_serves_a_bf16_checkpoint_from_its_own_weights(tiny_bf16, monkeypatch):
+    """quantization half: every projection and the head on the kernel, reading the stored bf16 values: the fp32
+    model that the generic path computes from the same checkpoint."""
+    kernel_measured(monkeypatch, faster=True)
+    half = ModelRunner(tiny_bf16, "float32", BLOCK, NUM_BLOCKS, quantization="half")
+    assert "low-bit kernel for 9 of 9 layers" in half.kernel
+    assert {f for lin in half.fused.linear_layers() for f in lin.formats} == {FORMATS["bf16"]}
+    generic = ModelRunner(tiny_bf16, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
+    for got, want in zip(ragged_steps(half), ragged_steps(generic)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_half_keeps_dense_weights_where_they_measure_faster_or_are_not_16_bit(
+    tiny_bf16, tiny_llama, monkeypatch, caplog
+):
+    kernel_measured(monkeypatch, faster=False)
+    with caplog.at_level("INFO", logger="backend.model.runner"):
+        assert ModelRunner(tiny_bf16, "float32", BLOCK, NUM_BLOCKS, quantization="half").kernel == "torch"
+    assert "dense fp32 weights serve, faster on this CPU (one row through a" in caplog.text
+    kernel_measured(monkeypatch, faster=True)
+    with caplog.at_level("INFO", logger="backend.model.runner"):
+        assert ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="half").kernel == "torch"
+    assert "none of 15 linear weights is exact in 16 bits" in caplog.text
+
+
+def test_only_a_16_bit_checkpoint_counts_as_one(tiny_bf16, tiny_llama):
+    assert model_source.stored_in_16_bits(tiny_bf16)
+    assert not model_source.stored_in_16_bits(tiny_llama)
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ def test_a_changed_byte_shows():
 
 def test_types_without_a_decoder_are_served_dense():
     raw = np.zeros((4, 2 * COLS), dtype=np.uint8)
-    assert gguf_formats.decode("F16", raw) is None
+    assert gguf_formats.decode("F32", raw) is None
     assert gguf_formats.decode("Q2_K", raw) is None
 
 

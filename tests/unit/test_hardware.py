@@ -66,3 +66,12 @@ def test_serving_threads_are_every_core_this_process_may_use(monkeypatch):
     assert serving_threads() == len(os.sched_getaffinity(0))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
     assert serving_threads() == 3
+
+
+def test_auto_serves_a_16_bit_checkpoint_from_its_own_weights_where_the_kernel_runs():
+    assert resolve_weights("auto", "auto", "cpu", False, 1, AVX2, stored_16_bit=True)[:2] == ("float32", "half")
+    assert resolve_weights("float32", "auto", "cpu", False, 2, AMX, stored_16_bit=True)[:2] == ("float32", "half")
+    # bf16 + int4 where it measured faster (AMX), or where bf16 was asked for; dense where no kernel runs
+    assert resolve_weights("auto", "auto", "cpu", False, 2, AMX, stored_16_bit=True)[:2] == ("bfloat16", "int4")
+    assert resolve_weights("bfloat16", "auto", "cpu", False, 1, AVX2, stored_16_bit=True)[1] == "int4"
+    assert resolve_weights("auto", "auto", "cpu", False, 0, AVX2, stored_16_bit=True)[:2] == ("float32", "none")

@@ -12,16 +12,22 @@ import torch
 
 from backend.model import kernels
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
-from backend.model.weight_blocks import FORMATS, RECORDS, Blocks, quantize_q8_0
+from backend.model.weight_blocks import FORMATS, HALVES, RECORDS, Blocks, HalfWeights, quantize_q8_0
 
 # Relative to the output's scale: fp32 sums of up to a few thousand products in another order.
 TOLERANCE = 2e-6
 
 
-def random_blocks(format: str, rows: int, cols: int, seed: int = 0) -> Blocks:
-    """Blocks of `format` with every q its bits allow (q6_k: an int8 scale times a 6-bit signed q)."""
-    _, bits, with_m, scale = RECORDS[format]
+def random_blocks(format: str, rows: int, cols: int, seed: int = 0) -> Blocks | HalfWeights:
+    """Blocks of `format` with every q its bits allow (q6_k: an int8 scale times a 6-bit signed q); 16-bit
+    weights with fp16's subnormals and signed zeros among them."""
     g = torch.Generator().manual_seed(seed)
+    if format in HALVES:
+        values = torch.randn(rows, cols, generator=g) * 0.05
+        values[::3, ::5] *= 1e-5  # fp16 subnormals (bf16 keeps them normal)
+        values[1::4, ::7] = -0.0
+        return HalfWeights(format, values.to(HALVES[format][1]))
+    _, bits, with_m, scale = RECORDS[format]
     nb = cols // 32
     d = (torch.rand(rows, nb, generator=g) * 0.02 + 1e-3).to(scale)
     m = (-(torch.rand(rows, nb, generator=g)) * 0.1).to(scale) if with_m else None
@@ -166,6 +172,15 @@ def test_dequantize_is_the_reference_formula():
     blocks = random_blocks("q4_1", 4, 64)
     want = blocks.d.float()[..., None] * blocks.q.float() + blocks.m.float()[..., None]
     assert torch.equal(blocks.dequantize(), want.reshape(4, 64))
+
+
+def test_half_weights_take_the_16_bit_format_that_holds_a_weight_exactly():
+    weight = torch.randn(16, 64)
+    assert HalfWeights.of(weight.bfloat16().float()).format == "bf16"
+    fp16 = weight.half().float()  # 11 significant bits: not bf16's 8
+    assert HalfWeights.of(fp16).format == "f16"
+    assert torch.equal(HalfWeights.of(fp16).dequantize(), fp16)
+    assert HalfWeights.of(weight) is None
 
 
 def test_quantize_q8_0_round_trips_its_own_grid():

@@ -9,7 +9,8 @@ import torch
 from backend.model.runner import ForwardItem, ModelRunner, ModelShape
 from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
-FAMILIES = ["llama", "qwen2", "mistral", "gpt2"]
+# gemma2 (soft-capped scores), gemma3 and phi3 (sliding windows) on Hugging Face's modules with our paged attention
+FAMILIES = ["llama", "qwen2", "mistral", "gpt2", "gemma2", "gemma3", "phi3"]
 
 
 def paged_greedy(runner: ModelRunner, prompts: list[list[int]], max_new: int, first_chunk: int) -> list[list[int]]:
@@ -52,7 +53,7 @@ def test_paged_greedy_matches_hf_generate(family, tiny_model_factory, hf_greedy)
         assert tokens == hf_greedy(path, prompt, max_new, stop_at_eos=False)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2"])
 def test_logits_match_hf_forward(family, tiny_model_factory, hf_model_cache):
     path = tiny_model_factory(family)
     runner = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS)

@@ -37,7 +37,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_ops_isa", &layer_ops_isa, "the copy of the layer ops this CPU runs: 2 AVX-512, 1 AVX2, 0 baseline");
   m.def("set_threads", &pool::set_threads, "threads of the kernels' pool (0: torch's intra-op thread count)");
   m.def("parallel_threads", &parallel_threads, "threads a parallel_for over `tasks` tasks runs on", no_gil);
-  m.def("lowbit_linear", &lowbit_linear, "x @ W^T for W in packed GGUF blocks (Q4_1 / Q8_0)", no_gil);
+  m.def("lowbit_linear", &lowbit_linear, "x @ W^T for W in packed low-bit records (weight_blocks.py)", no_gil);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight",
         py::arg("hidden"), py::arg("delta"), py::arg("weight"), py::arg("eps"), no_gil);
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up of a fused gate/up projection", no_gil);

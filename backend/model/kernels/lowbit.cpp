@@ -9,7 +9,8 @@
 //   q5_k  8-bit words of 5-bit q, fp32 d and m           GGUF Q5_K
 //   q6_k  16-bit q = scale * (q6 - 32), fp16 d           GGUF Q6_K (the 16-input sub-block's int8 scale folded
 //                                                        into q; d * q is the same exact product)
-// The step reads 4.5 (Q4_1) to 16.5 (q6_k) bits per weight instead of 32.
+//   f16, bf16  the weight itself, 16 bits, no scale      GGUF F16 / BF16; a checkpoint's 16-bit weights
+// The step reads 4.5 (Q4_1) to 16.5 (q6_k) bits per weight instead of 32; f16 and bf16 read 16.
 //
 // Arithmetic. Per block and output row the kernel computes d * sum(q * x) (+ m * sum(x) where the format has
 // m), the reference's sum(w * x) regrouped: q is a small integer, exact in fp32, and the sum of x over each block
@@ -28,7 +29,9 @@
 // group, and input j of every lane is one mask: `v & (0xF << 4j)` is q * 2^4j, exact in fp32 (8 and 16 bits: the
 // field shifted to the top of the word, q * 2^24 or q * 2^16, signed). x[j] is scaled by the inverse power of two
 // beforehand (exact), so the product is q * x[j]. No widening shuffles, no per-weight conversion of d and m, no
-// horizontal sums.
+// horizontal sums. f16 and bf16 weights are laid out as a de-quantized tile is (per tile, input-major: 16 rows
+// of input 0, then of input 1, ...), each value converted exactly as it is loaded (F16C's conversion; bf16 is the top
+// half of an fp32), into the same dense kernel the buffered path runs.
 //
 // The tile kernels are written once (lowbit_tiles.h) and compiled per instruction set, each with its own target
 // pragma, never with the build machine's flags: AVX2 + FMA + F16C (8 lanes), AVX-512 (16 lanes), and the 16-lane
@@ -53,18 +56,25 @@ constexpr int kBlock = 32;  // inputs per block
 // left a one-row pass 1.2-1.5x slower than with it (docs/benchmarks.md).
 constexpr int kPrefetchRecords = 6;
 // Q4_1_INT8: Q4_1 weights with activations rounded to int8 (lowbit_int8.cpp), `quantization: gguf_int8`.
-enum Format { Q4_1 = 0, Q8_0 = 1, Q4_1_INT8 = 2, Q5_1 = 3, Q4_K = 4, Q5_K = 5, Q6_K = 6 };
-constexpr bool known_format(int64_t f) { return f == Q4_1 || f == Q8_0 || (f >= Q5_1 && f <= Q6_K); }
+// F32_TILE is not a stored format: the buffered path's de-quantized tile, which the dense kernel reads.
+enum Format { Q4_1 = 0, Q8_0 = 1, Q4_1_INT8 = 2, Q5_1 = 3, Q4_K = 4, Q5_K = 5, Q6_K = 6, F16 = 7, BF16 = 8, F32_TILE = 9 };
+constexpr bool known_format(int64_t f) { return f == Q4_1 || f == Q8_0 || (f >= Q5_1 && f <= BF16); }
+constexpr bool is_half(int64_t f) { return f == F16 || f == BF16; }
 // ISA_WIDE_ON_AVX2 is for tests: AVX-512's 16-lane code and row blocking, built from AVX2 instructions.
 enum Isa { ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_WIDE_ON_AVX2 = 3 };
 
 // A record format's traits: bits per q, whether blocks have an offset m, bytes per scale (fp16 or fp32).
-constexpr int word_bits(int format) { return format == Q4_1 || format == Q4_K ? 4 : format == Q6_K ? 16 : 8; }
+constexpr int word_bits(int format) {
+  return format == Q4_1 || format == Q4_K ? 4 : format == Q6_K || is_half(format) ? 16 : 8;
+}
 constexpr bool has_min(int format) { return format == Q4_1 || format == Q5_1 || format == Q4_K || format == Q5_K; }
 constexpr int scale_bytes(int format) { return format == Q4_K || format == Q5_K ? 4 : 2; }
-constexpr int header_bytes(int format) { return (has_min(format) ? 2 : 1) * kTile * scale_bytes(format); }
+constexpr int header_bytes(int format) {
+  return is_half(format) ? 0 : (has_min(format) ? 2 : 1) * kTile * scale_bytes(format);
+}
 constexpr int inputs_per_word(int format) { return 32 / word_bits(format); }
 constexpr int record_bytes(int format) { return header_bytes(format) + kTile * kBlock * 4 / inputs_per_word(format); }
+constexpr int weight_bytes(int format) { return format == F32_TILE ? 4 : 2; }  // what the dense kernel reads
 // x[j] is multiplied by this before the kernel (a power of two: exact), so that it meets q * 2^shift.
 constexpr float input_scale(int format, int j) {
   if (word_bits(format) == 4) return j < 7 ? 1.0f / float(1u << (4 * j)) : 1.0f;
@@ -73,14 +83,14 @@ constexpr float input_scale(int format, int j) {
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, const uint8_t*, int64_t, float*, int64_t, int);
 using DequantFn = void (*)(const uint8_t*, int64_t, float*);
-using DenseFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int);
+using DenseFn = void (*)(const float*, int64_t, const uint8_t*, int64_t, float*, int64_t, int);
 
 constexpr int kMaxRows = 8;
 struct Kernels {
   int rows;  // rows of x per register block
   TileFn tile[kMaxRows];
   DequantFn dequant;  // null: no buffered path on this instruction set
-  DenseFn dense[kMaxRows];
+  DenseFn dense[kMaxRows];  // over a de-quantized tile; for f16 and bf16, over the stored tile
 };
 
 #pragma GCC push_options
@@ -177,8 +187,10 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
   const Kernels k = kernels_for((int)isa, (int)format);
   // Up to one register block of rows, and on AVX2 always: the tile kernels, on x scaled per input. More rows on
   // AVX-512: de-quantize each tile once into a per-thread buffer and stream every row block over it, on x as is.
-  const bool buffered = k.dequant != nullptr && rows > k.rows;
-  const auto [scaled, sums] = buffered ? std::pair{x, x} : scaled_inputs(x, (int)format);
+  // f16 and bf16: the dense kernel over the stored tile, on x as is.
+  const bool half = is_half(format);
+  const bool buffered = !half && k.dequant != nullptr && rows > k.rows;
+  const auto [scaled, sums] = buffered || half ? std::pair{x, x} : scaled_inputs(x, (int)format);
   const float* xp = x.data_ptr<float>();
   const float* xs = scaled.data_ptr<float>();
   const float* sp = sums.data_ptr<float>();
@@ -196,8 +208,11 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
       for (int64_t r = 0; r < rows; r += k.rows) {
         const int chunk = (int)std::min<int64_t>(k.rows, rows - r);
         float* o = op + r * out_features + t * kTile;
-        if (buffered)
-          k.dense[chunk - 1](xp + r * in_features, in_features, w.data(), in_features, o, out_features, valid);
+        if (half)
+          k.dense[chunk - 1](xp + r * in_features, in_features, tile, in_features, o, out_features, valid);
+        else if (buffered)
+          k.dense[chunk - 1](xp + r * in_features, in_features, (const uint8_t*)w.data(), in_features, o,
+                             out_features, valid);
         else
           k.tile[chunk - 1](xs + r * in_features, in_features, sp + r * blocks, blocks, tile, blocks, o, out_features,
                             valid);

@@ -39,6 +39,28 @@ ALWAYS_INLINE vf load_halves(const uint8_t* p) {
 #endif
 }
 
+// LANES bf16 values as fp32 (exact: a bf16 is the top half of an fp32).
+ALWAYS_INLINE vf load_bf16(const uint8_t* p) {
+#if LOWBIT_AVX512
+  return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+#else
+  __m256i parts[LANES / 8];
+  for (int i = 0; i < LANES / 8; ++i)
+    parts[i] = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 16 * i))), 16);
+  vf v;
+  std::memcpy(&v, parts, sizeof v);
+  return v;
+#endif
+}
+
+// LANES weights of a dense tile (`WEIGHTS`: F32_TILE, F16 or BF16) as fp32.
+template <int WEIGHTS>
+ALWAYS_INLINE vf load_weights(const uint8_t* p) {
+  if constexpr (WEIGHTS == F16) return load_halves(p);
+  if constexpr (WEIGHTS == BF16) return load_bf16(p);
+  return load_floats((const float*)p);
+}
+
 // LANES scales of a record's header (`which`: 0 d, 1 m), as fp32: fp16 ones converted (exact).
 template <int FORMAT>
 ALWAYS_INLINE vf load_scales(const uint8_t* rec, int h, int which) {
@@ -140,17 +162,17 @@ void dequant(const uint8_t* tile, int64_t blocks, float* w) {
   }
 }
 
-// MR rows of x times a de-quantized tile (dequant's layout). Each block of 32 inputs is summed on its own, then
-// added to the row's total (as the tile kernel does): one running sum over thousands of inputs had 5x the error of
-// torch's fp32 matmul against the exact product.
-template <int MR>
-void dense(const float* x, int64_t ldx, const float* w, int64_t in_features, float* out, int64_t ldo, int valid) {
+// MR rows of x times a dense tile (dequant's layout: fp32, or f16 / bf16 as stored). Each block of 32 inputs is
+// summed on its own, then added to the row's total (as the tile kernel does): one running sum over thousands of
+// inputs had 5x the error of torch's fp32 matmul against the exact product.
+template <int MR, int WEIGHTS>
+void dense(const float* x, int64_t ldx, const uint8_t* w, int64_t in_features, float* out, int64_t ldo, int valid) {
   vf total[MR][kVectors] = {};
   for (int64_t k0 = 0; k0 < in_features; k0 += kBlock) {
     vf acc[MR][kVectors] = {};
     for (int64_t k = k0; k < k0 + kBlock; ++k)
       for (int h = 0; h < kVectors; ++h) {
-        const vf wk = load_floats(w + k * kTile + h * LANES);
+        const vf wk = load_weights<WEIGHTS>(w + (k * kTile + h * LANES) * weight_bytes(WEIGHTS));
         for (int r = 0; r < MR; ++r) acc[r][h] += wk * x[r * ldx + k];
       }
     for (int r = 0; r < MR; ++r)
@@ -163,11 +185,20 @@ void dense(const float* x, int64_t ldx, const float* w, int64_t in_features, flo
   }
 }
 
+template <int WEIGHTS, int... R>
+void set_dense_kernels(Kernels& k, std::integer_sequence<int, R...>) {
+  const std::array<DenseFn, sizeof...(R)> dense_rows{dense<R + 1, WEIGHTS>...};
+  for (size_t i = 0; i < sizeof...(R); ++i) k.dense[i] = dense_rows[i];
+}
+
 template <int FORMAT, int... R>
-void set_format_kernels(Kernels& k, bool buffered, std::integer_sequence<int, R...>) {
+void set_format_kernels(Kernels& k, bool buffered, std::integer_sequence<int, R...> rows) {
   const std::array<TileFn, sizeof...(R)> tiles{tile<R + 1, FORMAT>...};
   for (size_t i = 0; i < sizeof...(R); ++i) k.tile[i] = tiles[i];
-  if (buffered) k.dequant = dequant<FORMAT>;
+  if (buffered) {
+    k.dequant = dequant<FORMAT>;
+    set_dense_kernels<F32_TILE>(k, rows);
+  }
 }
 
 // This copy's kernels for `format`, for 1..sizeof...(R) rows of x per register block (Kernels in lowbit.cpp).
@@ -175,8 +206,6 @@ template <int... R>
 Kernels kernels(int format, bool buffered, std::integer_sequence<int, R...> rows) {
   Kernels k{};
   k.rows = sizeof...(R);
-  const std::array<DenseFn, sizeof...(R)> dense_rows{dense<R + 1>...};
-  for (size_t i = 0; i < sizeof...(R); ++i) k.dense[i] = dense_rows[i];
   switch (format) {
     case Q4_1: set_format_kernels<Q4_1>(k, buffered, rows); break;
     case Q8_0: set_format_kernels<Q8_0>(k, buffered, rows); break;
@@ -184,6 +213,8 @@ Kernels kernels(int format, bool buffered, std::integer_sequence<int, R...> rows
     case Q4_K: set_format_kernels<Q4_K>(k, buffered, rows); break;
     case Q5_K: set_format_kernels<Q5_K>(k, buffered, rows); break;
     case Q6_K: set_format_kernels<Q6_K>(k, buffered, rows); break;
+    case F16: set_dense_kernels<F16>(k, rows); break;
+    case BF16: set_dense_kernels<BF16>(k, rows); break;
   }
   return k;
 }
