@@ -97,8 +97,11 @@ class LoadResult:
         return self.num_requests / self.wall_s if self.wall_s > 0 else float("nan")
 
 
-def run_engine_requests(engine, requests: list[tuple[str, int]], params: dict, concurrency: int) -> LoadResult:
-    """Feed (prompt, max_tokens) requests to an in-process engine keeping `concurrency` in flight."""
+def run_engine_requests(
+    engine, requests: list[tuple[str, int]], params: dict, concurrency: int, lora_names=(None,)
+) -> LoadResult:
+    """Feed (prompt, max_tokens) requests to an in-process engine keeping `concurrency` in flight; request i runs
+    with the LoRA adapter lora_names[i % len(lora_names)] (None: the base model)."""
     from backend import SamplingParams
 
     pending = list(enumerate(requests))
@@ -111,7 +114,11 @@ def run_engine_requests(engine, requests: list[tuple[str, int]], params: dict, c
         while pending and in_flight < concurrency:
             i, (prompt, max_tokens) = pending.pop(0)
             request = engine.build_request(
-                f"r{i}", prompt, SamplingParams.from_dict({**params, "max_tokens": max_tokens}), stream=True
+                f"r{i}",
+                prompt,
+                SamplingParams.from_dict({**params, "max_tokens": max_tokens}),
+                lora_names[i % len(lora_names)],
+                stream=True,
             )
             engine.add_request(request)
             arrival[request.request_id] = time.perf_counter()

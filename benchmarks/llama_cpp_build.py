@@ -28,7 +28,8 @@ URL = (
     "https://files.pythonhosted.org/packages/ec/e9/"
     f"e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-{VERSION}.tar.gz"
 )
-PROGRAMS = ("llama-bench", "llama-server", "llama-quantize")  # llama-quantize: the K-quant file of section 6
+SECTION_PROGRAMS = ("llama-bench", "llama-server")  # what section 6 runs
+PROGRAMS = (*SECTION_PROGRAMS, "llama-quantize")  # what the build makes (llama-quantize: `make bench-kquant`'s file)
 FLAGS_FILE = "cpu-flags.txt"
 
 
@@ -53,7 +54,7 @@ def cpu_flags() -> str:
 def why_unusable(bin_dir: Path) -> str:
     """Why section 6 cannot use `bin_dir` ('' where it can): both programs must be there and, in this build's own
     folder, built for this CPU."""
-    missing = [p for p in PROGRAMS if not (bin_dir / p).is_file()]
+    missing = [p for p in SECTION_PROGRAMS if not (bin_dir / p).is_file()]
     if missing:
         return f"{', '.join(missing)} not found in {bin_dir} (make llama-cpp builds them)"
     flags = bin_dir / FLAGS_FILE
@@ -110,7 +111,7 @@ def _extract(archive: Path, dest: Path) -> None:
 def build(jobs: int, force: bool = False) -> Path:
     cache = cache_dir()
     bin_dir = cache / "bin"
-    if not force and why_unusable(bin_dir) == "":
+    if not force and why_unusable(bin_dir) == "" and all((bin_dir / p).is_file() for p in PROGRAMS):
         print(f"llama.cpp is built for this CPU in {bin_dir}")
         return bin_dir
     for tool in ("cmake", "c++"):

@@ -2,7 +2,9 @@
 
 Routes:
     POST /v1/chat/completions, POST /v1/completions   OpenAI API (whole answers or server-sent events)
-    GET  /v1/models, GET /v1/models/{model}            the served model names and their max_model_len
+    GET  /v1/models, GET /v1/models/{model}            the served model names and their max_model_len, and their
+                                                       LoRA adapters (`parent`: the model each adapts)
+    POST /v1/load_lora_adapter, /v1/unload_lora_adapter  LoRA adapters added and removed while serving (lora.py)
     POST /v1/responses                                 OpenAI's Responses API, stateless (responses_api.py)
     POST /tokenize, POST /detokenize                   the model's tokenizer (vLLM's routes)
     GET  /health                                       200 while the front door runs
@@ -25,6 +27,7 @@ from .admission import Admission
 from .auth import api_key_middleware
 from .completions import answer_stream, answer_whole
 from .errors import APIError, internal_error, model_not_found
+from .lora import AdapterIndex, load_adapter, unload_adapter
 from .metrics import FrontDoorMetrics, metrics_response, triton_metrics
 from .openai_protocol import DEFAULT_MAX_PROMPTS_PER_REQUEST, parse_chat, parse_completion
 from .openai_responses import ChatFormat, CompletionFormat
@@ -58,6 +61,7 @@ TOKENIZER = web.AppKey("tokenizer", ModelTokenizer)
 COUNTERS = web.AppKey("counters", FrontDoorMetrics)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 ADMISSION = web.AppKey("admission", Admission)
+ADAPTERS = web.AppKey("adapters", AdapterIndex)
 
 
 def create_app(
@@ -77,6 +81,8 @@ def create_app(
     app.router.add_post("/v1/responses", _responses)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
+    app.router.add_post("/v1/load_lora_adapter", _load_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", _unload_adapter)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
     app.router.add_get("/health", _health)
@@ -91,6 +97,7 @@ async def _clients(app: web.Application):
     """The gRPC channel and HTTP session live in the server's event loop."""
     app[LLM] = TritonLLM(app[SETTINGS].triton_grpc)
     app[ADMISSION] = Admission(app[LLM])
+    app[ADAPTERS] = AdapterIndex(app[LLM], app[SETTINGS].models)
     app[HTTP] = aiohttp.ClientSession()
     yield
     await app[LLM].close()
@@ -135,15 +142,17 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
 async def _chat(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body = await read_json(request, settings.max_body_bytes)
-    generation = parse_chat(body, settings.models, settings.default_max_tokens, tokenizer.render_chat)
+    served = await request.app[ADAPTERS].served(body.get("model") if isinstance(body, dict) else None)
+    generation = parse_chat(body, served, settings.default_max_tokens, tokenizer.render_chat)
     return await _answer(request, generation, ChatFormat(generation, tokenizer))
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body = await read_json(request, settings.max_body_bytes)
+    served = await request.app[ADAPTERS].served(body.get("model") if isinstance(body, dict) else None)
     generation = parse_completion(
-        body, settings.models, settings.default_max_tokens, tokenizer.vocab_size, settings.max_prompts_per_request
+        body, served, settings.default_max_tokens, tokenizer.vocab_size, settings.max_prompts_per_request
     )
     return await _answer(request, generation, CompletionFormat(generation, tokenizer))
 
@@ -151,12 +160,15 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 async def _responses(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body = await read_json(request, settings.max_body_bytes)
-    parsed = parse_responses(body, settings.models, settings.default_max_tokens, tokenizer.render_chat)
+    served = await request.app[ADAPTERS].served(body.get("model") if isinstance(body, dict) else None)
+    parsed = parse_responses(body, served, settings.default_max_tokens, tokenizer.render_chat)
+    request.app[ADAPTERS].route(parsed.generation)
     return await answer_responses(request, request.app[LLM], parsed, request.app[ADMISSION])
 
 
 async def _answer(request: web.Request, generation, fmt) -> web.StreamResponse:
     llm, admission = request.app[LLM], request.app[ADMISSION]
+    request.app[ADAPTERS].route(generation)
     if generation.stream:
         return await answer_stream(request, llm, generation, fmt, admission)
     return await answer_whole(llm, generation, fmt, admission)
@@ -195,16 +207,36 @@ async def _model_card(app: web.Application, name: str) -> dict:
     }
 
 
+async def _load_adapter(request: web.Request) -> web.Response:
+    return await load_adapter(request, request.app[ADAPTERS])
+
+
+async def _unload_adapter(request: web.Request) -> web.Response:
+    return await unload_adapter(request, request.app[ADAPTERS])
+
+
+async def _adapter_card(app: web.Application, name: str) -> dict:
+    """An adapter as vLLM lists one: its folder as `root`, the model it adapts as `parent`."""
+    parent, path = app[ADAPTERS].adapters[name]
+    return {**await _model_card(app, parent), "id": name, "root": path, "parent": parent}
+
+
 async def _models(request: web.Request) -> web.Response:
-    models = request.app[SETTINGS].models
-    return web.json_response({"object": "list", "data": [await _model_card(request.app, m) for m in models]})
+    app = request.app
+    await app[ADAPTERS].refresh()
+    cards = [await _model_card(app, m) for m in app[SETTINGS].models]
+    cards += [await _adapter_card(app, name) for name in app[ADAPTERS].adapters]
+    return web.json_response({"object": "list", "data": cards})
 
 
 async def _model(request: web.Request) -> web.Response:
     settings, name = request.app[SETTINGS], request.match_info["model"]
-    if name not in settings.models:
-        raise model_not_found(name, settings.models)
-    return web.json_response(await _model_card(request.app, name))
+    served = await request.app[ADAPTERS].served(name)
+    if name not in served:
+        raise model_not_found(name, served)
+    if name in settings.models:
+        return web.json_response(await _model_card(request.app, name))
+    return web.json_response(await _adapter_card(request.app, name))
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -32,12 +32,12 @@ async def merged_deltas(
 ) -> AsyncIterator[tuple[int, SampleDelta]]:
     """(prompt index, delta) of every prompt's request, as they come, once `admission` has taken them all;
     all are cancelled if one fails."""
-    ticket = await admission.admit(generation.model, len(generation.prompts))
+    ticket = await admission.admit(generation.triton_model, len(generation.prompts))
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(prompt_index: int, prompt: str | list[int]) -> None:
         try:
-            async for delta in llm.generate(generation.model, prompt, generation.sampling, generation.n):
+            async for delta in llm.generate(generation.triton_model, prompt, generation.sampling, generation.n):
                 ticket.started(prompt_index)
                 queue.put_nowait((prompt_index, delta))
             queue.put_nowait(_END)

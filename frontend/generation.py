@@ -53,10 +53,15 @@ class Generation:
     logprobs: int | None  # None: none; k: each token's logprob and its top k alternatives
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
     tool_calling: ToolCalling | None = None  # chat: tools the model may call (their calls parsed from its text)
+    target: str = ""  # the Triton model that serves it where `model` names a LoRA adapter (lora.py)
 
     @property
     def num_choices(self) -> int:
         return len(self.prompts) * self.n
+
+    @property
+    def triton_model(self) -> str:
+        return self.target or self.model
 
 
 def make_generation(

@@ -101,6 +101,28 @@ class TritonLLM:
             self._parameters[model] = {key: value.get("string_value", "") for key, value in parameters.items()}
         return self._parameters[model]
 
+    async def lora_admin(self, model: str, action: dict) -> dict:
+        """The model's answer to a LoRA admin action (wire.LORA_ADMIN_PARAMETER): {"status", "message",
+        "adapters", ...}. Raises EngineError where the model cannot be asked."""
+        text = _tensor("text_input", np.array([b""], dtype=object))
+        request = {"model_name": model, "inputs": [text], "parameters": {wire.LORA_ADMIN_PARAMETER: json.dumps(action)}}
+
+        async def requests():
+            yield request
+
+        call = self.client.stream_infer(requests())
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise EngineError(error.message())
+                return json.loads(result.as_numpy("text_output")[0])
+        except grpc.aio.AioRpcError as exc:
+            failed = f"the Triton server at {self.url} failed the request: {exc.details()}"
+            raise EngineError(failed, UNAVAILABLE) from None
+        finally:
+            call.cancel()
+        raise EngineError(f"model {model} sent no answer to a LoRA request", INTERNAL)
+
     async def generate(self, model: str, prompt: str | list[int], sampling: dict, n: int) -> AsyncIterator[SampleDelta]:
         """Stream the deltas of one generation of `prompt` (text, or token ids) with `sampling` (the model's
         sampling_parameters)."""

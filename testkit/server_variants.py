@@ -71,15 +71,40 @@ VARIANTS: dict[str, dict[str, str]] = {
 # served straight from the file, K-quants on our kernel (test_gguf_model_e2e.py).
 GGUF_MODEL = "llm_gguf"
 GGUF_FILE = "tiny_every_block_type.gguf"
+# LoRA adapters made by PEFT at session start on the default model (random A and B, fixed seeds), served by
+# `llm_default` beside its base model (test_lora_e2e.py): name -> (rank, target modules, seed).
+LORA_MODEL = "llm_default"
+LORA_ADAPTERS = {
+    "alpha": (8, ("q_proj", "v_proj"), 1),
+    "beta": (16, ("gate_proj", "up_proj", "down_proj"), 2),
+    "gamma": (8, ("q_proj", "k_proj", "v_proj", "o_proj"), 3),
+}
 
 
 def session_variants(folder: Path) -> dict[str, dict[str, str]]:
-    """VARIANTS and the GGUF variant, its file written into `folder`: every model the session's server loads."""
+    """VARIANTS and the GGUF variant, its file written into `folder`, and `LORA_MODEL` with the adapters (made
+    into `folder`, listed in its multi_lora.json): every model the session's server loads."""
+    import json
+
+    from launcher.paths import MODEL_DIR
+    from testkit.lora_adapters import make_adapter
     from testkit.tiny_gguf import write_tiny_gguf
 
-    gguf = write_tiny_gguf(Path(folder) / GGUF_FILE)
+    folder = Path(folder)
+    gguf = write_tiny_gguf(folder / GGUF_FILE)
     gguf_variant = {**_FP32, "model": str(gguf), "quantization": "gguf", "kv_cache_blocks": "64", "max_num_seqs": "8"}
-    return {**VARIANTS, GGUF_MODEL: gguf_variant}
+    for name, (rank, targets, seed) in LORA_ADAPTERS.items():
+        make_adapter(MODEL_DIR, folder / "loras" / name, rank=rank, targets=targets, seed=seed, b_scale=1.0)
+    listing = folder / "loras" / "multi_lora.json"
+    listing.write_text(json.dumps({name: name for name in LORA_ADAPTERS}))
+    lora = {
+        "enable_lora": "true",
+        "lora_modules": str(listing),
+        "max_loras": "4",
+        "max_lora_rank": "16",
+        "allow_runtime_lora_updating": "true",
+    }
+    return {**VARIANTS, GGUF_MODEL: gguf_variant, LORA_MODEL: {**VARIANTS[LORA_MODEL], **lora}}
 
 
 # Triton models the session's front door serves (the first is the one its batch view shows).

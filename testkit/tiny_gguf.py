@@ -11,9 +11,10 @@ transformers reads no head_dim from a qwen3 GGUF and falls back to Qwen3Config's
 `tokenizer.*` key (merges, token types, bos/eos, chat template) are copied from SmolLM2-135M-Instruct's GGUF.
 
 Archs: llama (q/k rows permuted for RoPE, as llama.cpp does and transformers undoes), qwen2 (q/k/v biases) and
-qwen3 (q_norm/k_norm), neither permuted. No mistral: llama.cpp writes it as `llama`, and transformers 5.23 only
-reads such a file as mistral when `general.name` is exactly "mistral", then fails to map its tensors, because
-gguf-py has no "mistral" architecture.
+qwen3 (q_norm/k_norm), neither permuted; gemma2 (norms after attention and MLP too, an 8-token sliding window),
+gemma3 (those and q/k norms) and phi3 (fused attn_qkv, and ffn_up holding gate and up). No mistral: llama.cpp
+writes it as `llama`, and transformers 5.23 only reads such a file as mistral when `general.name` is exactly
+"mistral", then fails to map its tensors, because gguf-py has no "mistral" architecture.
 """
 
 from __future__ import annotations
@@ -29,11 +30,23 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-ROLES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+ROLES = (
+    "token_embd",
+    "output",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_qkv",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2
-HEAD_DIM = {"llama": 64, "qwen2": 64, "qwen3": 128}
+HEAD_DIM = {"llama": 64, "qwen2": 64, "qwen3": 128, "gemma2": 64, "gemma3": 64, "phi3": 64}
+SLIDING_WINDOW = 8  # gemma2 / gemma3: shorter than the tests' prompts and outputs
 # Every type in TYPES once: by role, and four of layer 1's tensors by full name.
 DEFAULT_TYPES = {
     "token_embd": "Q8_0",
@@ -45,6 +58,7 @@ DEFAULT_TYPES = {
     "ffn_gate": "Q5_1",
     "ffn_up": "Q8_0",
     "ffn_down": "Q5_K",
+    "attn_qkv": "Q4_K",
     "blk.1.attn_q": "F16",
     "blk.1.attn_k": "BF16",
     "blk.1.attn_output": "Q4_1",
@@ -147,9 +161,18 @@ def random_weights(arch: str = "llama", seed: int = 0, tied: bool = True) -> dic
         if arch == "qwen2":
             for role, n in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
                 weights[f"{blk}{role}.bias"] = (0.1 * rng.standard_normal(n)).astype(np.float32)
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             weights[blk + "attn_q_norm.weight"] = norm(HEAD_DIM[arch])
             weights[blk + "attn_k_norm.weight"] = norm(HEAD_DIM[arch])
+        if arch in ("gemma2", "gemma3"):
+            weights[blk + "post_attention_norm.weight"] = norm(HIDDEN)
+            weights[blk + "post_ffw_norm.weight"] = norm(HIDDEN)
+        if arch == "phi3":  # llama.cpp's layout: one qkv tensor, and gate and up in ffn_up
+            parts = [weights.pop(f"{blk}attn_{p}.weight") for p in "qkv"]
+            weights[blk + "attn_qkv.weight"] = np.concatenate(parts)
+            weights[blk + "ffn_up.weight"] = np.concatenate(
+                [weights.pop(blk + "ffn_gate.weight"), weights[blk + "ffn_up.weight"]]
+            )
     return weights
 
 
@@ -264,6 +287,8 @@ def write_tiny_gguf(
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
+    if arch in ("gemma2", "gemma3"):
+        writer.add_sliding_window(SLIDING_WINDOW)
     writer.add_vocab_size(len(tokenizer["tokenizer.ggml.tokens"][0]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, (value, vtype, item_type) in tokenizer.items():

@@ -91,16 +91,18 @@ class BlockManager:
             self._free[block_id] = None  # most recently freed: evicted last
             self._num_cached_free += block.hash is not None
 
-    def match_prefix(self, token_ids: list[int]) -> list[int]:
+    def match_prefix(self, token_ids: list[int], salt: bytes | None = None) -> list[int]:
         """Block ids of the longest cached run of full blocks that prefixes `token_ids`.
 
-        At least one token is left uncached, so the sequence still has a position to compute logits from.
+        At least one token is left uncached, so the sequence still has a position to compute logits from. `salt`
+        (a sequence's `cache_salt`: its LoRA adapter) starts the chain, so equal tokens under another adapter
+        never match.
         """
         if not self.enable_prefix_caching:
             return []
         size = self.block_size
         matched: list[int] = []
-        parent = None
+        parent = salt
         for start in range(0, len(token_ids) - 1 - (len(token_ids) - 1) % size, size):
             chunk = tuple(token_ids[start : start + size])
             parent = chain_hash(parent, chunk)
@@ -181,7 +183,7 @@ class BlockManager:
             return
         size = self.block_size
         for index in range(len(seq.block_hashes), seq.num_computed_tokens // size):
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            parent = seq.block_hashes[-1] if seq.block_hashes else seq.cache_salt
             chunk = tuple(seq.token_ids[index * size : (index + 1) * size])
             block_hash = chain_hash(parent, chunk)
             seq.block_hashes.append(block_hash)

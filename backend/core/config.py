@@ -60,6 +60,17 @@ class EngineConfig:
     log_batch_visualization: bool = False
     # Besides ours, the metric names exported: "vllm" and / or "tensorrt_llm" (comma-separated), or "none".
     metric_names: str = "vllm,tensorrt_llm"
+    # LoRA adapters (PEFT folders) served beside the base model, requested by name (lora_name); the names and
+    # folders come from `lora_modules`, a JSON object {name: folder} (vllm_backend's multi_lora.json; relative
+    # folders are relative to that file)
+    enable_lora: bool = False
+    lora_modules: str = ""
+    max_loras: int = 4  # adapters in one step; requests of others wait
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 8  # adapters loaded at once
+    # adapters loaded and unloaded while serving (the front door's /v1/load_lora_adapter; vLLM's
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING): off, since it reads folders of the server's disk on a client's word
+    allow_runtime_lora_updating: bool = False
     num_threads: int = 0  # torch intra-op threads; 0: every core (hardware.serving_threads)
     seed: int = 0
     fault_injection: str = ""  # test only: see fault_injection.py
@@ -75,8 +86,11 @@ class EngineConfig:
         return bool(self.draft_model) and self.num_speculative_tokens > 0
 
     @classmethod
-    def from_parameters(cls, params: dict[str, str], base_dir: Path | None = None) -> EngineConfig:
-        """Build from string key/values (Triton `parameters`); unknown keys and bad values raise ConfigError."""
+    def from_parameters(
+        cls, params: dict[str, str], base_dir: Path | None = None, lora_listing: Path | None = None
+    ) -> EngineConfig:
+        """Build from string key/values (Triton `parameters`); unknown keys and bad values raise ConfigError.
+        `lora_listing`: the adapters file taken with enable_lora where `lora_modules` is not set, if it exists."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - set(fields))
         if unknown:
@@ -86,11 +100,13 @@ class EngineConfig:
         values = {}
         for name, raw in params.items():
             values[name] = _parse_value(name, fields[name].type, str(raw).strip())
-        for key in ("model", "draft_model"):
+        for key in ("model", "draft_model", "lora_modules"):
             path = values.get(key, "")
             if path and path not in ("self", "ngram") and base_dir is not None and not Path(path).is_absolute():
                 values[key] = str((base_dir / path).resolve())
         config = cls(**values)
+        if config.enable_lora and not config.lora_modules and lora_listing is not None and lora_listing.is_file():
+            config.lora_modules = str(lora_listing)
         config.validate()
         return config
 
@@ -140,6 +156,16 @@ class EngineConfig:
         _check_range("max_prompt_bytes", self.max_prompt_bytes, 0, 1 << 30)
         _check_range("max_logits_mb", self.max_logits_mb, 0, 1 << 20)
         _check_range("num_threads", self.num_threads, 0, 1024)
+        _check_range("max_loras", self.max_loras, 1, 256)
+        _check_range("max_lora_rank", self.max_lora_rank, 1, 1024)
+        _check_range("max_cpu_loras", self.max_cpu_loras, self.max_loras, 4096)
+        if self.lora_modules and not self.enable_lora:
+            raise ConfigError("parameter 'lora_modules' is set but enable_lora is false: set enable_lora to true")
+        if self.lora_modules and not Path(self.lora_modules).is_file():
+            raise ConfigError(
+                f"parameter 'lora_modules': {self.lora_modules} is not a file (a JSON object of adapter names to "
+                "folders)"
+            )
         unknown = sorted(set(self.metric_dialects) - set(METRIC_NAMES))
         if unknown or not self.metric_names.strip():
             raise ConfigError(

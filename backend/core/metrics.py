@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ GAUGES = {
     "llm_kv_cache_block_tokens": "Tokens per KV block",
     "llm_engine_alive": "1 while the engine thread runs; 0 once it has died (requests are refused)",
 }
+# Gauges whose labels carry the information, vLLM's way: each label set is a series whose value is when it was
+# last current (Unix time); readers (the inference gateway) take the newest.
+INFOS = {
+    "llm_lora_requests_info": "LoRA adapters of running and waiting requests (comma-separated labels) and max_lora",
+}
 HISTOGRAMS = {
     "llm_time_to_first_token_seconds": ("Time from arrival to the first generated token", _LATENCY_BUCKETS),
     "llm_inter_token_latency_seconds": ("Time between consecutive tokens of a sequence", _LATENCY_BUCKETS),
@@ -88,6 +94,7 @@ ALIASES: dict[str, dict[str, list[Alias]]] = {
         "llm_request_prompt_tokens": [("vllm:request_prompt_tokens", {}, {})],
         "llm_request_generation_tokens": [("vllm:request_generation_tokens", {}, {})],
         "llm_request_params_n": [("vllm:request_params_n", {}, {})],
+        "llm_lora_requests_info": [("vllm:lora_requests_info", {}, {})],
     },
     "tensorrt_llm": {
         "llm_requests_in_flight": [("nv_trt_llm_request_metrics", {"request_type": "active"}, {})],
@@ -147,6 +154,7 @@ class EngineMetrics:
         self.counters: dict[str, dict[tuple, float]] = defaultdict(lambda: defaultdict(float))
         self.gauges: dict[str, float] = {}
         self.histograms: dict[str, list[float]] = defaultdict(list)
+        self.infos: dict[str, dict[str, str]] = {}
         self.sinks: list = []
         self._unflushed: dict[tuple[str, tuple], float] = defaultdict(float)
         self._lock = threading.Lock()  # counters are also bumped from request threads
@@ -156,6 +164,8 @@ class EngineMetrics:
         self.sinks.append(sink)
         for name, value in self.gauges.items():
             sink.set(name, value)
+        for name, labels in self.infos.items():
+            sink.info(name, labels, time.time())
 
     def inc(self, name: str, value: float = 1.0, labels: dict | None = None) -> None:
         assert name in COUNTERS, name
@@ -179,6 +189,15 @@ class EngineMetrics:
             for sink in self.sinks:
                 sink.set(name, value)
 
+    def info(self, name: str, labels: dict[str, str]) -> None:
+        """Make `labels` an info gauge's current label set (its series stamped with the time) where they changed."""
+        assert name in INFOS, name
+        if self.infos.get(name) != labels:
+            self.infos[name] = dict(labels)
+            now = time.time()
+            for sink in self.sinks:
+                sink.info(name, labels, now)
+
     def observe(self, name: str, value: float) -> None:
         assert name in HISTOGRAMS, name
         self.histograms[name].append(value)
@@ -200,14 +219,14 @@ class TritonMetricsSink:
         self._labels = labels
         self._aliases = {
             ours: [alias for dialect in names for alias in ALIASES[dialect].get(ours, [])]
-            for ours in (*COUNTERS, *GAUGES, *HISTOGRAMS)
+            for ours in (*COUNTERS, *GAUGES, *INFOS, *HISTOGRAMS)
         }
         kinds = {
             **dict.fromkeys(COUNTERS, pb_utils.MetricFamily.COUNTER),
-            **dict.fromkeys(GAUGES, pb_utils.MetricFamily.GAUGE),
+            **dict.fromkeys((*GAUGES, *INFOS), pb_utils.MetricFamily.GAUGE),
             **dict.fromkeys(HISTOGRAMS, pb_utils.MetricFamily.HISTOGRAM),
         }
-        helps = {**COUNTERS, **GAUGES, **{name: help_text for name, (help_text, _) in HISTOGRAMS.items()}}
+        helps = {**COUNTERS, **GAUGES, **INFOS, **{name: help_text for name, (help_text, _) in HISTOGRAMS.items()}}
         # The families must outlive their metrics: keep references for the sink's whole life.
         self._families = {}
         for ours, kind in kinds.items():
@@ -218,7 +237,7 @@ class TritonMetricsSink:
                     self._families[name] = pb_utils.MetricFamily(name, help_text, family_kind)
         self._metrics: dict[tuple, list] = {}
         for name in kinds:  # exported from the start, at zero
-            if name not in _NOT_AT_ZERO and not name.endswith("_per_pos_total"):
+            if name not in _NOT_AT_ZERO and name not in INFOS and not name.endswith("_per_pos_total"):
                 self._metric(name, None)
 
     def _metric(self, name: str, labels: dict | None) -> list:
@@ -251,6 +270,10 @@ class TritonMetricsSink:
         for metric in self._metric(name, None):
             metric.observe(value)
 
+    def info(self, name: str, labels: dict[str, str], value: float) -> None:
+        for metric in self._metric(name, labels):
+            metric.set(value)
+
     def close(self) -> None:
         """Delete this model's metrics from the server, metrics before their families (each deletion is a round
         trip): Triton keeps a Python model's metrics after its stub has exited, so an unloaded model would
@@ -272,6 +295,7 @@ class PeriodicPublisher:
         self.interval_s = interval_s
         self._counters: dict[tuple[str, tuple], float] = defaultdict(float)
         self._gauges: dict[str, float] = {}
+        self._infos: dict[str, tuple[dict[str, str], float]] = {}
         self._observations: list[tuple[str, float]] = []
         self._lock = threading.Lock()
         self._replaying = threading.Lock()  # publish() is also called from other threads (close, flush)
@@ -301,17 +325,24 @@ class PeriodicPublisher:
         with self._lock:
             self._observations.append((name, value))
 
+    def info(self, name: str, labels: dict[str, str], value: float) -> None:
+        with self._lock:
+            self._infos[name] = (labels, value)
+
     def publish(self) -> None:
         """Replay everything buffered so far into the sink (the publisher's thread does this periodically)."""
         with self._lock:
             counters, self._counters = self._counters, defaultdict(float)
             gauges, self._gauges = self._gauges, {}
+            infos, self._infos = self._infos, {}
             observations, self._observations = self._observations, []
         with self._replaying:
             for (name, labels), value in counters.items():
                 self.sink.inc(name, value, dict(labels) or None)
             for name, value in gauges.items():
                 self.sink.set(name, value)
+            for name, (labels, value) in infos.items():
+                self.sink.info(name, labels, value)
             for name, value in observations:
                 self.sink.observe(name, value)
 

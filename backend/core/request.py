@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from backend.core.detokenizer import IncrementalDetokenizer
+from backend.model.lora import LoraAdapter
 from backend.protocol.sampling_params import SamplingParams
 from backend.sampling.sampler import SamplingRow
 
@@ -61,6 +62,12 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def cache_salt(self) -> bytes | None:
+        """What keys its prefix-cache blocks apart beyond its tokens: its LoRA adapter, if any."""
+        adapter = self.request.adapter
+        return None if adapter is None else adapter.cache_salt
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -214,6 +221,8 @@ class Request:
     context_logits: list[torch.Tensor] | None = None
     prompt_outputs_sent: bool = False  # prompt_logprobs and context_logits went out
     stats: RequestStats = field(default_factory=RequestStats)
+    lora_name: str | None = None  # the LoRA adapter it asks for (None: the base model)
+    adapter: LoraAdapter | None = None  # that adapter, held from admission until the request finishes
 
     def __post_init__(self):
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

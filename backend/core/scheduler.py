@@ -41,10 +41,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_loras: int = 0):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_loras = max_loras  # LoRA adapters among the running sequences (0: no limit)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.reserved_slots = 0  # sequence slots promised to parallel samples not yet forked
@@ -98,16 +99,29 @@ class Scheduler:
         return True
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        adapters = {s.request.adapter.uid for s in self.running if s.request.adapter is not None}
         for seq in [s for s in self.waiting if not s.request.compiling]:  # a grammar still compiling: it waits
             if budget <= 0:
                 break
             request = seq.request
+            adapter = request.adapter
+            if (
+                adapter is not None
+                and adapter.uid not in adapters
+                and self.max_loras
+                and len(adapters) >= self.max_loras
+            ):
+                continue  # another adapter would pass max_loras: it waits, requests of the running ones go on
             extra = len(self._unforked.get(seq.seq_id, ())) if seq.seq_id not in self._reserved else 0
             if len(self.running) + self.reserved_slots + 1 + extra > self.max_num_seqs:
                 break
             # prompt logprobs and context logits need every prompt position's logits: such a prompt is computed
             # whole, not read from the prefix cache (its blocks are still registered for later requests)
-            cached = [] if request.computing_prompt_outputs else self.block_manager.match_prefix(seq.token_ids)
+            cached = (
+                []
+                if request.computing_prompt_outputs
+                else self.block_manager.match_prefix(seq.token_ids, seq.cache_salt)
+            )
             num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
             if not self.block_manager.can_admit(seq, cached, num_new):
                 break
@@ -121,6 +135,8 @@ class Scheduler:
                 self._reserved[seq.seq_id] = extra
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+            if adapter is not None:
+                adapters.add(adapter.uid)
 
     def preempt(self, seq: Sequence) -> None:
         """Free the sequence's blocks and requeue it first; it will be recomputed."""

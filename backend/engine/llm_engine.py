@@ -22,6 +22,7 @@ from backend.core.output_processor import OutputProcessor
 from backend.core.request import FinishReason, Request, RequestOutput, Sequence
 from backend.core.scheduler import Scheduler, SchedulerOutput
 from backend.engine import prompt_outputs
+from backend.engine.adapters import Adapters
 from backend.engine.model_loading import eos_token_ids, make_proposer, model_folder, resolve_weights
 from backend.engine.step_records import StepWatchers, describe, step_record
 from backend.model.hardware import serving_threads
@@ -79,7 +80,10 @@ class LLMEngine:
         self.input_tokenizer = AutoTokenizer.from_pretrained(config.model)  # callers' thread (encoding)
         self.eos_token_ids = eos_token_ids(config.model, self.tokenizer)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.max_loras
+        )
+        self.adapters = Adapters(config, self.runner.model, self.runner.impl == "fused")
         self.sampler = Sampler(shape.vocab_size, self.eos_token_ids)
         self.vocab_size = shape.vocab_size
         self.structured = StructuredOutput(config.model, shape.vocab_size)
@@ -115,9 +119,22 @@ class LLMEngine:
         self.update_gauges()
 
     # ---- admission ------------------------------------------------------------------------------------
-    def build_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, **kwargs) -> Request:
-        """Tokenize (or, for token ids, check and decode) and check a request against the model and the pool;
-        raises InvalidRequest. Thread-safe with respect to the engine thread (it uses its own tokenizer)."""
+    def build_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        lora_name: str | None = None,
+        lora_task_id: int = 0,
+        **kwargs,
+    ) -> Request:
+        """Tokenize (or, for token ids, check and decode) and check a request against the model, the pool and the
+        loaded LoRA adapters (named, or by TensorRT-LLM's task id); raises InvalidRequest. Thread-safe with respect
+        to the engine thread (it uses its own tokenizer)."""
+        if lora_task_id and lora_name is None:
+            lora_name = self.adapters.name_of_task(lora_task_id)
+        if lora_name is not None:
+            self.adapters.check(lora_name)
         if isinstance(prompt, str):
             token_ids = self._tokenize(prompt)
         else:
@@ -155,7 +172,9 @@ class LLMEngine:
         params = self._tokenize_words(params)
         base_seed = int(self._seed_source.integers(0, 2**62))
         grammar = self.structured.compile(params.guided_decoding)  # starts now, on the compiler's threads
-        return Request(request_id, prompt, token_ids, params, base_seed=base_seed, grammar=grammar, **kwargs)
+        return Request(
+            request_id, prompt, token_ids, params, base_seed=base_seed, grammar=grammar, lora_name=lora_name, **kwargs
+        )
 
     def _check_logits_size(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         """The logits a request asks for stay within max_logits_mb."""
@@ -215,6 +234,8 @@ class LLMEngine:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
+        if request.lora_name is not None:  # unloaded since build_request checked it: refused here
+            request.adapter = self.adapters.acquire(request.lora_name)
         params = request.params
         request.sequences = [
             Sequence(
@@ -299,7 +320,7 @@ class LLMEngine:
             tokens = seq.token_ids[s.start : s.start + s.num_new_tokens - s.num_spec_tokens] + seq.spec_token_ids
             prompt_rows.append(prompt_outputs.prompt_rows(s))
             num_logits = prompt_rows[-1] + (s.num_spec_tokens + 1 if s.samples else 0)
-            items.append(ForwardItem(tokens, s.start, seq.block_table, num_logits))
+            items.append(ForwardItem(tokens, s.start, seq.block_table, num_logits, seq.request.adapter))
         logits = self.runner.forward(items)
         if prompt_outputs.wanted(sched.scheduled, prompt_rows):
             logits = prompt_outputs.take_prompt_outputs(self.sampler, sched.scheduled, prompt_rows, logits)
@@ -350,6 +371,8 @@ class LLMEngine:
         output = self.outputs.collect(request)
         if output is not None and output.finished:
             del self.requests[request.request_id]
+            if request.adapter is not None:
+                self.adapters.release(request.adapter)
         return output
 
     def _record_step(self, sched: SchedulerOutput, started: float) -> None:
@@ -387,3 +410,12 @@ class LLMEngine:
         self.metrics.inc("llm_prefix_cache_queries_total", bm.prefix_queries - queries)
         self.metrics.inc("llm_prefix_cache_hits_total", bm.prefix_hits - hits)
         self._reported_prefix = (bm.prefix_queries, bm.prefix_hits)
+        # what the inference gateway's LoRA-affinity routing reads (vLLM's labels; max_lora 0 without LoRA)
+        running = {s.request.lora_name for s in self.scheduler.running} - {None}
+        waiting = {s.request.lora_name for s in self.scheduler.waiting} - {None}
+        labels = {
+            "running_lora_adapters": ",".join(sorted(running)),
+            "waiting_lora_adapters": ",".join(sorted(waiting)),
+            "max_lora": str(self.config.max_loras if self.adapters.enabled else 0),
+        }
+        self.metrics.info("llm_lora_requests_info", labels)

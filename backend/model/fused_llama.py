@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from backend.model import kernels
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
+from backend.model.lora import LoraStep
 from backend.model.paged_attention import AttentionMetadata, paged_attention
 from backend.model.weight_blocks import Packed
 
@@ -62,6 +63,12 @@ def _head_norms(attention) -> dict[str, torch.Tensor]:
     if getattr(attention, "q_norm", None) is None:
         return {}
     return {"q_norm": attention.q_norm.weight, "k_norm": attention.k_norm.weight}
+
+
+def _project(lora: LoraStep | None, layer: int, name: str, linear: DenseLinear, x: torch.Tensor) -> torch.Tensor:
+    """A projection of layer `layer`, with the step's LoRA deltas on their rows."""
+    out = linear(x)
+    return out if lora is None else lora.add(layer, name, x, out)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -164,18 +171,23 @@ class FusedLlama:
         ]
 
     def _forward_short(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        keep: torch.Tensor,
+        lora: LoraStep | None,
     ) -> torch.Tensor:
         """`forward` for a step of decodes and verifications: per layer five calls into our kernels (norms fused
         with the residual adds, RoPE with the KV write and attention over the blocks in place, SiLU with the
         product) between the four projections; the whole pass (layers, final norm, LM head) in one native call
-        (`self.stack`) where it applies."""
+        (`self.stack`) where it applies (not with LoRA rows)."""
         ops, eps = self.ops, self.eps
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary(hidden, positions[None])
         cos, sin = cos[0], sin[0]
         normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
-        if hidden.shape[0] <= self.stack_rows:
+        if hidden.shape[0] <= self.stack_rows and lora is None:
             return self.stack.forward(
                 hidden,
                 normed,
@@ -190,7 +202,7 @@ class FusedLlama:
             )
         for index, layer in enumerate(self.layers):
             attended = ops.rope_paged_attention(
-                self._head_normed(layer, layer.qkv(normed)),
+                self._head_normed(layer, _project(lora, index, "qkv", layer.qkv, normed)),
                 cos,
                 sin,
                 meta.kv_cache[index],
@@ -202,8 +214,11 @@ class FusedLlama:
                 self.num_kv_heads,
                 self.scale,
             )
-            normed = ops.add_rms_norm(hidden, layer.o_proj(attended), layer.post_norm, eps)
-            delta = layer.down(ops.silu_mul(layer.gate_up(normed)))
+            normed = ops.add_rms_norm(
+                hidden, _project(lora, index, "o_proj", layer.o_proj, attended), layer.post_norm, eps
+            )
+            gated = ops.silu_mul(_project(lora, index, "gate_up", layer.gate_up, normed))
+            delta = _project(lora, index, "down", layer.down, gated)
             if index + 1 < len(self.layers):
                 normed = ops.add_rms_norm(hidden, delta, self.layers[index + 1].input_norm, eps)
         last = hidden[keep]
@@ -220,11 +235,17 @@ class FusedLlama:
         return torch.cat([q, k, v], dim=1)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        keep: torch.Tensor,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] of the flat batch; returns logits [len(keep), vocab] of the rows `keep`."""
+        """input_ids, positions [T] of the flat batch; returns logits [len(keep), vocab] of the rows `keep`, with
+        `lora`'s adapters added to their rows' projections."""
         if self.ops is not None and meta.block_tables is not None:
-            return self._forward_short(input_ids, positions, meta, keep)
+            return self._forward_short(input_ids, positions, meta, keep, lora)
         total = input_ids.shape[0]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_heads = heads + kv_heads
@@ -233,7 +254,7 @@ class FusedLlama:
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D], shared by every layer
         half = head_dim // 2
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv(_rms_norm(hidden, layer.input_norm, self.eps))
+            qkv = _project(lora, index, "qkv", layer.qkv, _rms_norm(hidden, layer.input_norm, self.eps))
             qk = qkv[:, : qk_heads * head_dim].view(total, qk_heads, head_dim)
             if layer.q_norm is not None:
                 qk = torch.cat(
@@ -247,7 +268,8 @@ class FusedLlama:
             qk = qk * cos + rotated * sin
             value = qkv[:, qk_heads * head_dim :].view(total, kv_heads, head_dim)
             attended = paged_attention(index, qk[:, :heads], qk[:, heads:], value, meta, self.scale)
-            hidden = hidden + layer.o_proj(attended.reshape(total, heads * head_dim))
-            gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, self.eps))
-            hidden = hidden + layer.down(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :])
+            hidden = hidden + _project(lora, index, "o_proj", layer.o_proj, attended.reshape(total, heads * head_dim))
+            gate_up = _project(lora, index, "gate_up", layer.gate_up, _rms_norm(hidden, layer.post_norm, self.eps))
+            gated = F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
+            hidden = hidden + _project(lora, index, "down", layer.down, gated)
         return self.lm_head(_rms_norm(hidden[keep], self.final_norm, self.eps))

@@ -12,6 +12,7 @@ from backend.model import fused_llama, kernels, model_source
 from backend.model.gguf_weights import verified_packed
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
+from backend.model.lora import LoraAdapter, LoraStep
 from backend.model.paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
 from backend.model.weight_blocks import Q4_1_INT8, HalfWeights, Packed, quantize_q8_0
 
@@ -56,6 +57,7 @@ class ForwardItem:
     start_pos: int
     block_table: list[int]
     num_logits: int
+    adapter: LoraAdapter | None = None  # the LoRA adapter its rows run with
 
 
 class ModelRunner:
@@ -194,9 +196,12 @@ class ModelRunner:
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """Run one pass over all items; returns float32 logits [sum(num_logits), vocab] on the CPU."""
         tokens, positions, slices, keep = [], [], [], []
+        adapted: dict[int, tuple[LoraAdapter, list[int]]] = {}
         for item in items:
             start_row = len(tokens)
             n = len(item.token_ids)
+            if item.adapter is not None:
+                adapted.setdefault(item.adapter.uid, (item.adapter, []))[1].extend(range(start_row, start_row + n))
             tokens.extend(item.token_ids)
             positions.extend(range(item.start_pos, item.start_pos + n))
             slices.append(SeqSlice(start_row, n, item.start_pos, item.block_table))
@@ -207,7 +212,14 @@ class ModelRunner:
         keep = torch.tensor(keep, dtype=torch.long, device=self.device)
         self._use_threads(len(tokens))
         if self.fused is not None:
-            return self.fused.forward(input_ids, position_ids, meta, keep).float().cpu()
+            lora = None
+            if adapted:
+                lora = LoraStep(
+                    [(adapter, torch.tensor(rows, device=self.device)) for adapter, rows in adapted.values()]
+                )
+            return self.fused.forward(input_ids, position_ids, meta, keep, lora).float().cpu()
+        if adapted:
+            raise ValueError("LoRA adapters need the fused forward (Llama-family models)")
         out = self.model(
             input_ids=input_ids[None],
             position_ids=position_ids[None],

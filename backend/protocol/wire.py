@@ -81,6 +81,10 @@ OUTPUTS = {
 NO_FINISH_REASON = "None"  # finish_reason of a sample's responses before its last (vLLM's backend's spelling)
 # A request parameter that makes a request a batch-view watch: the step records stream back in text_output.
 WATCH_PARAMETER = "batch_view"
+# A request parameter (JSON) that lists, loads or unloads the model's LoRA adapters instead of generating:
+# {"action": "list"}, {"action": "load", "lora_name": ..., "lora_path": ...}, {"action": "unload", "lora_name": ...};
+# the answer is JSON in text_output: {"status": HTTP-like code, "message": ..., "adapters": [...], "max_loras": ...}.
+LORA_ADMIN_PARAMETER = "lora_adapters"
 # Request parameters between our own models (backend/serving/forwarding_model.py): the id a forwarding model gives
 # its request to `llm`, and a request that cancels the forwarded request of that id.
 FORWARDED_ID, CANCEL_FORWARDED = "forwarded_id", "cancel_forwarded"

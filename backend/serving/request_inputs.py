@@ -34,6 +34,8 @@ class ParsedRequest:
     stream: bool = False
     exclude_input_in_output: bool = False
     outputs: frozenset[str] = frozenset()  # the OPTIONAL_OUTPUTS asked for
+    lora_name: str | None = None  # the LoRA adapter asked for (vllm_backend's `lora_name`)
+    lora_task_id: int = 0  # or by its task id (TensorRT-LLM's `lora_task_id`: the N-th adapter listed; 0: none)
 
 
 def _text(name: str, value: Any) -> str:
@@ -113,11 +115,23 @@ def parse_request(
     merged.update(resolve_aliases(flat))
     prompt = _prompt(merged)
     flags = {name: as_bool(name, merged.pop(name)) for name in FLAG_NAMES if name in merged}
+    lora_name = merged.pop("lora_name", None)
+    if lora_name is not None and (not isinstance(lora_name, str) or not lora_name):
+        raise InvalidRequest(f"lora_name must be a non-empty string (a loaded adapter's name), got {lora_name!r}")
+    lora_task_id = merged.pop("lora_task_id", 0)
+    if isinstance(lora_task_id, bool) or not isinstance(lora_task_id, int) or lora_task_id < 0:
+        raise InvalidRequest(f"lora_task_id must be a non-negative integer (0: no adapter), got {lora_task_id!r}")
     # return_logprobs only chooses whether `logprobs` is sent: without `logprobs` in the sampling
     # parameters it is sent as JSON null (vLLM's backend does the same).
     params = SamplingParams.from_dict(merged, max_n=max_n, max_tokens_limit=max_tokens_limit)
     outputs = frozenset(name for name in OPTIONAL_OUTPUTS if flags.get(f"return_{name}"))
     params.context_logits, params.generation_logits = "context_logits" in outputs, "generation_logits" in outputs
     return ParsedRequest(
-        prompt, params, flags.get("stream", False), flags.get("exclude_input_in_output", False), outputs
+        prompt,
+        params,
+        flags.get("stream", False),
+        flags.get("exclude_input_in_output", False),
+        outputs,
+        lora_name,
+        lora_task_id,
     )

@@ -49,14 +49,17 @@ FLAGS = (
 GUIDE_TYPES = {"json": "guided_json_object", "json_schema": "guided_json", "regex": "guided_regex"}
 # Accepted and checked, with no effect on a server without beam search (docs/interface.md says why).
 NO_EFFECT = ("length_penalty", "pad_id")
+LORA_UPLOAD = (
+    "uploading LoRA weights is not supported: list the adapter in multi_lora.json; lora_task_id N picks its N-th"
+)
 # Inputs of features this server does not have: refused with the reason, never ignored.
 UNSUPPORTED = {
     "decoder_text_input": "the model is decoder-only",
     "prompt_embedding_table": "prompt tuning tables are not supported",
     "prompt_vocab_size": "prompt tuning tables are not supported",
     "prompt_table_extra_id": "prompt tuning tables are not supported",
-    "lora_weights": "LoRA adapters are not supported",
-    "lora_config": "LoRA adapters are not supported",
+    "lora_weights": LORA_UPLOAD,
+    "lora_config": LORA_UPLOAD,
     "image_input": "the model takes text only",
     "image_bytes_input": "the model takes text only",
     "image_url_input": "the model takes text only",
@@ -248,8 +251,8 @@ def sampling_of(tensors: dict[str, np.ndarray], b: int, names: dict[str, tuple[s
 
 
 def common_sampling(tensors: dict[str, np.ndarray], b: int, no_effect: tuple[str, ...]) -> dict[str, Any]:
-    """What the inputs every TensorRT-LLM model shares ask for: beam_width 1, lora_task_id 0, the no-effect
-    inputs checked, end_id, the guide."""
+    """What the inputs every TensorRT-LLM model shares ask for: beam_width 1, the LoRA adapter (lora_task_id), the
+    no-effect inputs checked, end_id, the guide."""
     sampling: dict[str, Any] = {}
     beam_width = scalar_or(tensors, "beam_width", b, 1)
     if beam_width != 1:
@@ -258,8 +261,8 @@ def common_sampling(tensors: dict[str, np.ndarray], b: int, no_effect: tuple[str
             "prompt use num_return_sequences"
         )
     lora = scalar_or(tensors, "lora_task_id", b, 0)
-    if lora:
-        raise InvalidRequest(f"lora_task_id {lora}: LoRA adapters are not supported; leave it out or send 0")
+    if lora:  # an adapter of the model's listing, by its task id (the model checks it)
+        sampling["lora_task_id"] = int(lora)
     for name in no_effect:
         if name in tensors:
             value = scalar(name, tensors[name], b)

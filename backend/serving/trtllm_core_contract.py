@@ -14,7 +14,7 @@ import numpy as np
 
 from backend.protocol.values import InvalidRequest, as_bool
 from backend.serving import trtllm_contract as shared
-from backend.serving.trtllm_contract import BOOL, FP32, INT32, INT64, UINT64, ItemRequest, item_of, scalar
+from backend.serving.trtllm_contract import BOOL, FP32, INT32, INT64, LORA_UPLOAD, UINT64, ItemRequest, item_of, scalar
 
 SAMPLING = {
     "request_output_len": (INT32, "max_tokens"),
@@ -60,8 +60,8 @@ UNSUPPORTED = {
         for name in ("prompt_embedding_table", "prompt_table_extra_ids", "prompt_vocab_size")
     },
     **{name: "the model takes text only" for name in ("mrope_rotary_cos_sin", "mrope_position_deltas")},
-    "lora_weights": "LoRA adapters are not supported",
-    "lora_config": "LoRA adapters are not supported",
+    "lora_weights": LORA_UPLOAD,
+    "lora_config": LORA_UPLOAD,
     "context_phase_params": "disaggregated serving is not supported",
     **{
         name: "KV-cache retention priorities are not supported"

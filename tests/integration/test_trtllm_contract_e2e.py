@@ -222,7 +222,7 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server):
         ({"text_input": PROMPT, "max_tokens": 4, "beam_width": 2}, "beam search is not supported"),
         ({"text_input": PROMPT}, "max_tokens is required"),
         ({"text_input": PROMPT, "max_tokens": 1500, "return_generation_logits": True}, "(max_logits_mb)"),
-        ({"text_input": PROMPT, "max_tokens": 4, "lora_task_id": 5}, "LoRA adapters are not supported"),
+        ({"text_input": PROMPT, "max_tokens": 4, "lora_task_id": 5}, "lora_task_id 5: LoRA feature is not enabled."),
         ({"text_input": PROMPT, "max_tokens": 4, "embedding_bias_words": ["a"]}, "send both or neither"),
         ({"text_input": PROMPT, "max_tokens": 0}, "max_tokens must be between 1"),
     ):

@@ -121,11 +121,12 @@ def test_the_epp_names_our_gauges(rendered):
         "queuedRequestsSpec": 'llm_requests_waiting{model="llm"}',
         "runningRequestsSpec": 'llm_requests_running{model="llm"}',
         "kvUsageSpec": 'llm_kv_cache_usage_ratio{model="llm"}',
+        "loraSpec": 'llm_lora_requests_info{model="llm"}',
     }
-    from backend.core.metrics import GAUGES
+    from backend.core.metrics import GAUGES, INFOS
 
     for spec in specs["triton-llm"].values():
-        assert spec.split("{")[0] in GAUGES, spec
+        assert spec.split("{")[0] in {**GAUGES, **INFOS}, spec
 
 
 def test_the_adapter_rule_names_an_engine_gauge():

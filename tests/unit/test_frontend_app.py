@@ -32,12 +32,14 @@ class FakeLLM:
     """Answers each prompt with `tokens` one-token deltas per sample; records prompts and cancellations."""
 
     instances: list[FakeLLM] = []
+    adapters: dict[str, str] = {}
     tokens = 3
     fail: str | None = None  # an engine error to raise before the first delta
     delay_s = 0.0
 
     def __init__(self, url):
         self.prompts: list[tuple[str, dict]] = []
+        self.models: list[str] = []
         self.cancelled = 0
         FakeLLM.instances.append(self)
 
@@ -50,8 +52,21 @@ class FakeLLM:
     async def model_parameters(self, model):
         return {"max_queue_size": "4", "max_model_len": "2048"}
 
+    async def lora_admin(self, model, action):
+        """The model `llm` holding the adapters of `adapters` (name -> folder), as the Triton model answers."""
+        name, status, message = action.get("lora_name"), 200, ""
+        if action["action"] == "load":
+            FakeLLM.adapters[name] = action["lora_path"]
+            message = f"Success: LoRA adapter '{name}' added successfully."
+        elif action["action"] == "unload":
+            del FakeLLM.adapters[name]
+            message = f"Success: LoRA adapter '{name}' removed successfully."
+        held = [{"name": n, "path": p, "rank": 8} for n, p in FakeLLM.adapters.items()] if model == "llm" else []
+        return {"status": status, "message": message, "adapters": held, "enabled": model == "llm"}
+
     async def generate(self, model, prompt, sampling, n):
         self.prompts.append((prompt, sampling))
+        self.models.append(model)
         if self.fail:
             raise EngineError(self.fail)
         try:
@@ -69,6 +84,7 @@ class FakeLLM:
 def front_door(monkeypatch):
     FakeLLM.instances.clear()
     FakeLLM.tokens, FakeLLM.fail, FakeLLM.delay_s = 3, None, 0.0
+    FakeLLM.adapters = {"alpha": "/adapters/alpha"}
     monkeypatch.setattr(app_module, "TritonLLM", FakeLLM)
 
     async def start(**settings):
@@ -87,6 +103,11 @@ def run(coro):
 async def _post(session, server, path, body=None, data=None):
     async with session.post(server.make_url(path), json=body, data=data) as resp:
         return resp.status, await resp.text()
+
+
+async def _post_json(session, server, path, body):
+    status, text = await _post(session, server, path, body)
+    return status, json.loads(text)
 
 
 def test_whole_and_streamed_answers(front_door):
@@ -208,7 +229,12 @@ def test_health_models_and_unknown_routes(front_door):
             async with session.get(server.make_url("/health/ready")) as resp:
                 assert resp.status == 200 and (await resp.json())["models"] == {"llm": True}
             async with session.get(server.make_url("/v1/models")) as resp:
-                assert [(m["id"], m["max_model_len"]) for m in (await resp.json())["data"]] == [("llm", 2048)]
+                cards = (await resp.json())["data"]
+            assert [(m["id"], m["max_model_len"], m.get("parent")) for m in cards] == [
+                ("llm", 2048, None),
+                ("alpha", 2048, "llm"),  # a LoRA adapter, as vLLM lists one
+            ]
+            assert cards[1]["root"] == "/adapters/alpha"
             async with session.get(server.make_url("/v1/models/other")) as resp:
                 assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
             async with session.head(server.make_url("/metrics")) as resp:
@@ -283,6 +309,43 @@ def test_deeply_nested_json_is_a_400(front_door):
             nested = {"model": "llm", "prompt": "[[[[" * 100}  # brackets in a string do not count
             status, _ = await _post(session, server, "/v1/completions", nested)
             assert status == 200
+        await server.close()
+
+    run(main())
+
+
+def test_an_adapter_is_a_model_of_its_own_and_can_be_added_and_removed(front_door):
+    """vLLM's way: `model` names a LoRA adapter (sent to its base model with `lora_name`); /v1/load_lora_adapter
+    and /v1/unload_lora_adapter add and remove one, with vLLM's answers."""
+
+    async def main():
+        server = await front_door()
+        llm = FakeLLM.instances[-1]
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            status, _ = await _post(session, server, "/v1/chat/completions", body)
+            assert status == 200 and llm.models[-1] == "llm" and llm.prompts[-1][1]["lora_name"] == "alpha"
+            status, _ = await _post(
+                session, server, "/v1/completions", {"model": "llm", "prompt": "x", "max_tokens": 2}
+            )
+            assert status == 200 and "lora_name" not in llm.prompts[-1][1]
+            add = {"lora_name": "beta", "lora_path": "/adapters/beta"}
+            async with session.post(server.make_url("/v1/load_lora_adapter"), json=add) as resp:
+                assert resp.status == 200 and await resp.text() == "Success: LoRA adapter 'beta' added successfully."
+            status, answer = await _post_json(session, server, "/v1/load_lora_adapter", add)
+            assert status == 400 and answer["error"]["message"] == "The lora adapter 'beta' has already been loaded."
+            status, answer = await _post_json(session, server, "/v1/load_lora_adapter", {"lora_name": "gamma"})
+            assert status == 400 and "Both 'lora_name' and 'lora_path' must be provided." in answer["error"]["message"]
+            status, _ = await _post(
+                session, server, "/v1/completions", {"model": "beta", "prompt": "x", "max_tokens": 2}
+            )
+            assert status == 200 and llm.prompts[-1][1]["lora_name"] == "beta"
+            async with session.post(server.make_url("/v1/unload_lora_adapter"), json={"lora_name": "beta"}) as resp:
+                assert resp.status == 200 and "removed successfully" in await resp.text()
+            status, answer = await _post_json(session, server, "/v1/unload_lora_adapter", {"lora_name": "beta"})
+            assert status == 404 and answer["error"]["message"] == "The lora adapter 'beta' cannot be found."
+            status, answer = await _post_json(session, server, "/v1/completions", {"model": "beta", "prompt": "x"})
+            assert status == 404 and answer["error"]["code"] == "model_not_found"
         await server.close()
 
     run(main())

@@ -19,8 +19,16 @@ from testkit.tiny_gguf import smollm2_gguf
 
 PROMPTS = [[504, 3575, 282, 4649, 314], [1, 2, 3, 4, 5, 6, 7, 8], [100, 200, 300]]
 NEW_TOKENS = 12
-# arch -> (the model path the engine should take, layers on the kernel of 9: layer 1's gate/up holds an F32 weight)
-CASES = {"llama": ("fused", 8), "qwen2": ("fused", 8), "qwen3": ("fused", 8)}
+# arch -> (the model path the engine should take, layers on the kernel of 9: layer 1's gate/up holds an F32 weight;
+# the families the fused forward does not compute run Hugging Face's modules on our paged cache, dense)
+CASES = {
+    "llama": ("fused", 8),
+    "qwen2": ("fused", 8),
+    "qwen3": ("fused", 8),
+    "gemma2": ("hf", 0),
+    "gemma3": ("hf", 0),
+    "phi3": ("hf", 0),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from backend.core.metrics import COUNTERS, GAUGES, HISTOGRAMS, EngineMetrics, PeriodicPublisher, TritonMetricsSink
+from backend.core.metrics import (
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    INFOS,
+    EngineMetrics,
+    PeriodicPublisher,
+    TritonMetricsSink,
+)
 
 
 class RecordingSink:
@@ -176,7 +184,7 @@ class FakePbUtils:
 def test_triton_sink_families_and_initial_metrics():
     pb = FakePbUtils()
     TritonMetricsSink(pb, {"model": "llm", "version": "1"}, names=())
-    assert set(pb.families) == set(COUNTERS) | set(GAUGES) | set(HISTOGRAMS)
+    assert set(pb.families) == set(COUNTERS) | set(GAUGES) | set(INFOS) | set(HISTOGRAMS)
     for name in COUNTERS:
         assert pb.families[name].kind == "counter" and pb.families[name].description == COUNTERS[name]
     for name in GAUGES:
@@ -187,7 +195,7 @@ def test_triton_sink_families_and_initial_metrics():
     # exported at zero from the start, except the ones that only exist with labels and the engine's liveness
     # (0 means dead to the supervisor)
     for name, family in pb.families.items():
-        late = name.endswith("_per_pos_total") or name in ("llm_requests_finished_total", "llm_engine_alive")
+        late = name.endswith("_per_pos_total") or name in ("llm_requests_finished_total", "llm_engine_alive", *INFOS)
         assert len(family.metrics) == (0 if late else 1), name
         for metric in family.metrics:
             assert metric.labels == {"model": "llm", "version": "1"} and metric.value == 0
@@ -271,3 +279,30 @@ def test_triton_sink_mirrors_engine_metrics():
     assert per_pos[0].labels["position"] == "2"  # label values are strings
     assert pb.families["llm_requests_running"].metrics[0].value == 4
     assert pb.families["llm_time_to_first_token_seconds"].metrics[0].observed == [0.25]
+
+
+def test_an_info_gauge_stamps_its_current_label_set():
+    """vllm:lora_requests_info as vLLM exports it (labels running_lora_adapters, waiting_lora_adapters, max_lora;
+    the value a Unix time): each label set is a series holding when it was last current; the newest is what the
+    gateway's LoRA-affinity routing reads."""
+    import time
+
+    pb = FakePbUtils()
+    m = EngineMetrics()
+    sink = TritonMetricsSink(pb, {"model": "llm", "version": "1"})
+    m.add_sink(sink)
+    idle = {"running_lora_adapters": "", "waiting_lora_adapters": "", "max_lora": "4"}
+    busy = {**idle, "running_lora_adapters": "a,b", "waiting_lora_adapters": "c"}
+    m.info("llm_lora_requests_info", idle)
+    m.info("llm_lora_requests_info", dict(idle))  # unchanged: not stamped again
+    m.info("llm_lora_requests_info", busy)
+    (ours_idle, vllm_idle), (ours_busy, vllm_busy) = (
+        sink._metrics[("llm_lora_requests_info", tuple(sorted(labels.items())))] for labels in (idle, busy)
+    )
+    assert vllm_busy.labels == {"model": "llm", "version": "1", **busy}
+    assert "vllm:lora_requests_info" in pb.families and abs(vllm_busy.value - time.time()) < 60
+    assert vllm_busy.value >= vllm_idle.value and ours_busy.value == vllm_busy.value
+    late = RecordingSink()
+    late.info = lambda name, labels, value: late.calls.append(("info", name, labels))
+    m.add_sink(late)  # a sink added later starts from the current labels
+    assert late.calls == [("info", "llm_lora_requests_info", busy)]

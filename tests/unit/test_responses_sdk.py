@@ -46,6 +46,9 @@ class FakeLLM:
     async def model_parameters(self, model):
         return {}
 
+    async def lora_admin(self, model, action):
+        return {"status": 200, "message": "", "adapters": []}
+
     async def generate(self, model, prompt, sampling, n):
         FakeLLM.requests.append((prompt, sampling))
         if self.fail:

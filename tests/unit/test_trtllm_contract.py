@@ -135,7 +135,7 @@ def test_a_batch_of_prompts_gives_one_item_each():
         ({"max_tokens": 4}, "text_input is required"),
         ({"text_input": "hi"}, "max_tokens is required"),
         ({"text_input": "hi", "max_tokens": 4, "beam_width": 2}, "beam search is not supported"),
-        ({"text_input": "hi", "max_tokens": 4, "lora_task_id": 3}, "LoRA adapters are not supported"),
+        ({"text_input": "hi", "max_tokens": 4, "lora_config": [0, 1, 8]}, "list the adapter in multi_lora.json"),
         ({"text_input": "hi", "max_tokens": 4, "decoder_text_input": "x"}, "decoder-only"),
         ({"text_input": "hi", "max_tokens": 4, "end_id": -1}, "end_id must be a token id"),
         ({"text_input": "hi", "max_tokens": 4, "pad_id": -1}, "pad_id must be a token id"),
@@ -149,6 +149,14 @@ def test_bad_requests_say_what_is_wrong(values, message):
     request = tensors(**values)
     with pytest.raises(InvalidRequest, match=re.escape(message)):
         contract.item_request(request, 0) if contract.batch_size(request) else None
+
+
+def test_lora_task_id_picks_an_adapter_of_the_models_listing():
+    item = contract.item_request(tensors(text_input="hi", max_tokens=4, lora_task_id=2), 0)
+    assert item.sampling["lora_task_id"] == 2
+    assert (
+        "lora_task_id" not in contract.item_request(tensors(text_input="hi", max_tokens=4, lora_task_id=0), 0).sampling
+    )
 
 
 def test_inputs_without_a_batch_dimension_are_refused():

@@ -20,6 +20,7 @@ from backend.core.request import RequestOutput
 from backend.engine.loop import EngineLoop, EngineStopped, ServerBusy, load_engine
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INPUT_NAMES, error_text
+from backend.serving import lora_admin
 from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
 from backend.serving.forwarded import ForwardedRequests, split_parameters
 from backend.serving.request_inputs import parse_request
@@ -36,6 +37,12 @@ class _TritonLogHandler(logging.Handler):
         level(self.format(record))
 
 
+def _text_response(text: str):
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object))]
+    )
+
+
 class TritonPythonModel:
     def initialize(self, args):
         model_config = json.loads(args["model_config"])
@@ -46,7 +53,10 @@ class TritonPythonModel:
         logging.getLogger("backend").addHandler(handler)
         logging.getLogger("backend").setLevel(logging.INFO)
         parameters = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
-        config = EngineConfig.from_parameters(parameters, base_dir=Path(args["model_repository"]))
+        folder = Path(args["model_repository"])
+        # with enable_lora, the adapters listed where vllm_backend keeps them, unless lora_modules names a file
+        listed = folder / args["model_version"] / "multi_lora.json"
+        config = EngineConfig.from_parameters(parameters, base_dir=folder, lora_listing=listed)
         self.model_name = args["model_name"]
         self.engine = load_engine(config)  # off this thread: see load_engine
         # Triton metric updates are round trips to the server: published from their own thread every 100 ms.
@@ -92,6 +102,10 @@ class TritonPythonModel:
             if is_watch_request(request.parameters()):
                 self._watch(sender)
                 continue
+            action = lora_admin.admin_action(request.parameters())
+            if action is not None:
+                sender.send(_text_response(lora_admin.answer(self.engine, action)), flags=FINAL)
+                continue
             forwarded_id, cancel_id, parameters = split_parameters(request.parameters())
             if cancel_id is not None:
                 self.forwarded.cancel(cancel_id)
@@ -123,6 +137,8 @@ class TritonPythonModel:
             uuid.uuid4().hex,
             parsed.prompt,
             parsed.params,
+            parsed.lora_name,
+            parsed.lora_task_id,
             stream=parsed.stream,
             on_output=writer.send,
             is_cancelled=is_cancelled,
@@ -151,11 +167,7 @@ class TritonPythonModel:
         `text_output` until the client cancels."""
 
         def send(text):
-            sender.send(
-                pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object))]
-                )
-            )
+            sender.send(_text_response(text))
 
         WatchStream(
             self.engine.watchers,
