@@ -160,12 +160,14 @@ class LoraStep:
         self.groups = groups
 
     def add(self, layer: int, projection: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """`out` (the base projection of `x`) with each adapter's delta added to its own rows, in place."""
+        """`out` (the base projection of `x`) with each adapter's delta added to its own rows, in place. In fp32
+        whatever the model's dtype, as PEFT computes it (its adapter weights are cast to fp32): a bf16 model's
+        rows are summed in fp32 and rounded once."""
         for adapter, rows in self.groups:
             lora = adapter.projections.get((layer, projection))
             if lora is None:
                 continue
-            xa = x[rows] @ lora.a.T
+            xa = x[rows].float() @ lora.a.T
             for cols, ranks, b, scaling in lora.parts:
-                out[rows, cols] += (xa[:, ranks] @ b.T) * scaling
+                out[rows, cols] = (out[rows, cols].float() + (xa[:, ranks] @ b.T) * scaling).to(out.dtype)
         return out

@@ -46,19 +46,19 @@ def test_rows_of_two_adapters_and_the_base_model_in_one_step(tiny_llama, adapter
     # the same step without adapters: the base rows are untouched, bit for bit
     plain = base.forward([ForwardItem(it.token_ids, 0, it.block_table, 4) for it in items])[4:8]
     assert torch.equal(logits[4:8], plain)
-    for rows, name in ((slice(0, 4), "attn"), (slice(8, 12), "mlp")):
-        reference = adapters[name][1]
-        if quantization == "q8_0":
-            from backend.model.weight_blocks import quantize_q8_0
+    references = {name: model for name, (_, model) in adapters.items()}
+    if quantization == "q8_0":  # the runner re-quantized the base model's weights: so do the references
+        from backend.model.weight_blocks import quantize_q8_0
 
-            reference = copy.deepcopy(reference)
-
-            with torch.no_grad():  # as the runner re-quantizes the base model's weights
-                for name, module in reference.base_model.model.named_modules():
+        references = {name: copy.deepcopy(model) for name, model in references.items()}
+        with torch.no_grad():
+            for model in references.values():
+                for name, module in model.base_model.model.named_modules():
                     if type(module) is torch.nn.Linear and "lora_" not in name and module.in_features % 32 == 0:
                         module.weight.copy_(quantize_q8_0(module.weight).dequantize())
+    for rows, name in ((slice(0, 4), "attn"), (slice(8, 12), "mlp")):
         with torch.no_grad():
-            want = reference(torch.tensor([prompt])).logits[0, -4:]
+            want = references[name](torch.tensor([prompt])).logits[0, -4:]
         assert not torch.allclose(want, plain, atol=1e-2), "the adapter must change the model's output"
         torch.testing.assert_close(logits[rows], want, rtol=1e-4, atol=1e-4)
     # decoding continues from each row's own cache: one token each, short-query path
@@ -66,7 +66,7 @@ def test_rows_of_two_adapters_and_the_base_model_in_one_step(tiny_llama, adapter
         [ForwardItem([7], len(prompt), tables[0], 1, loaded["attn"]), ForwardItem([7], len(prompt), tables[1], 1)]
     )
     with torch.no_grad():
-        want = adapters["attn"][1](torch.tensor([prompt + [7]])).logits[0, -1]
+        want = references["attn"](torch.tensor([prompt + [7]])).logits[0, -1]
     torch.testing.assert_close(step[0], want, rtol=1e-4, atol=1e-4)
 
 
@@ -111,3 +111,22 @@ def make_wider_model(tmp_path) -> str:
     from tests.unit.conftest import make_tiny_model
 
     return make_tiny_model(tmp_path / "wider", "llama", intermediate_size=96)
+
+
+def test_a_bfloat16_model_adds_the_deltas_in_float32_as_peft_does(tiny_llama, adapters):
+    """PEFT casts the adapter weights to fp32 and the layer's input to them, adds in fp32 and rounds the sum to the
+    model's dtype once; on a bf16 model our rows follow it (bf16 + int4 is `auto`'s pick on AMX CPUs)."""
+    from peft import PeftModel
+
+    from backend.model import model_source
+
+    runner = ModelRunner(tiny_llama, "bfloat16", BLOCK, NUM_BLOCKS)
+    adapter = load_adapter("mlp", adapters["mlp"][0], runner.model, MAX_RANK)
+    table = scattered_tables(1, 12, seed=2)[0]
+    logits = runner.forward([ForwardItem(PROMPTS[0], 0, table, 3, adapter)])
+    base = model_source.load_model(tiny_llama, dtype=torch.bfloat16)
+    reference = PeftModel.from_pretrained(base, str(adapters["mlp"][0])).eval()
+    with torch.no_grad():
+        want = reference(torch.tensor([PROMPTS[0]])).logits[0, -3:].float()
+    assert torch.equal(logits.argmax(-1), want.argmax(-1))
+    assert (logits - want).abs().max() <= 0.05 * want.abs().max()  # bf16 summation orders
