@@ -2,7 +2,7 @@
 
 Only the standard library, numpy, tritonclient and the engine's pure protocol room are used, so tests and the
 Locust load test can import it. The contract (tensor names, dtypes, sampling_parameters JSON, error kinds) is
-backend/protocol/wire.py's; the README describes it. The pieces: client/inputs.py (request building),
+backend/protocol/wire.py's; docs/interface.md describes it. The pieces: client/inputs.py (request building),
 client/results.py (responses, completions, errors), client/grpc_stream.py and client/http_generate.py.
 """
 

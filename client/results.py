@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from backend.protocol import wire
+from backend.protocol.triton_response import decode_response
 
 
 class ServerError(Exception):
@@ -125,38 +124,23 @@ def _is_empty(c: Chunk) -> bool:
     return not (c.text or c.token_ids or c.finish_reason or c.num_output_tokens)
 
 
-def _as_list(value: Any) -> list:
-    """A numpy array, list or scalar as a flat python list (bytes decoded to str)."""
-    if value is None:
-        return []
-    if isinstance(value, np.ndarray):
-        value = value.reshape(-1).tolist()
-    elif not isinstance(value, (list, tuple)):
-        value = [value]
-    return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in value]
-
-
-def _first_int(value: Any) -> int | None:
-    items = _as_list(value)
-    return int(items[0]) if items else None
-
-
 def chunk_from_outputs(
     outputs: dict[str, Any], received_at: float, is_final: bool = False, sample_index: int | None = None
 ) -> Chunk:
-    """Build a Chunk from a response's outputs (numpy arrays from gRPC or JSON values from HTTP)."""
-    raw = {k: _as_list(v) for k, v in outputs.items()}
-    if sample_index is None:
-        sample_index = _first_int(outputs.get("sample_index")) or 0
+    """Build a Chunk from a response's outputs (numpy arrays from gRPC or JSON values from HTTP), read by the
+    decoder the front door uses too (backend/protocol/triton_response.py). A response that carries several samples
+    (not streaming, n > 1) is one Chunk: their texts and token ids joined, the first sample's counts."""
+    response = decode_response(outputs)
+    first = response.samples[0] if response.samples else None
     return Chunk(
-        text="".join(str(t) for t in raw.get("text_output", [])),
-        token_ids=[int(t) for t in raw.get("output_ids", [])],
-        finish_reason=next((str(r) for r in raw.get("finish_reason", []) if r and r != "None"), None),
-        sample_index=sample_index,
+        text="".join(s.text for s in response.samples),
+        token_ids=[t for s in response.samples for t in s.token_ids],
+        finish_reason=next((s.finish_reason for s in response.samples if s.finish_reason), None),
+        sample_index=sample_index if sample_index is not None else first.index if first else 0,
         is_final=is_final,
         received_at=received_at,
-        num_input_tokens=_first_int(outputs.get("num_input_tokens")),
-        num_output_tokens=_first_int(outputs.get("num_output_tokens")),
-        cumulative_logprob=next((float(v) for v in raw.get("cumulative_logprob", [])), None),
-        raw=raw,
+        num_input_tokens=response.num_input_tokens,
+        num_output_tokens=first.num_output_tokens if first else None,
+        cumulative_logprob=first.cumulative_logprob if first else None,
+        raw=response.raw,
     )

@@ -4,10 +4,12 @@ Every generation is sent with `stream: true`, so the model answers once per engi
 new text, token ids and (when asked) logprobs; a non-streaming OpenAI request is the same deltas gathered.
 The model sends its additional outputs as Triton's vLLM backend does (docs/interface.md): only those asked
 for (finish reason, token counts, logprobs), the finish reason as "None" until the sample's last response,
-`num_output_tokens` counting the response's tokens, logprobs in vLLM's per-token `{"<id>": {...}}` shape.
+`num_output_tokens` counting the response's tokens, logprobs in vLLM's per-token `{"<id>": {...}}` shape;
+backend/protocol/triton_response.py reads a response back (the client reads it with the same decoder).
 The Triton request is known to be complete when every one of its `n` samples has sent a finish reason (or an
 error arrives). Leaving the iteration early (the HTTP client went away, the handler was cancelled) cancels
-the gRPC call, which cancels the Triton request: the engine drops it at its next step and frees its KV blocks.
+the gRPC call, which cancels the Triton request: the model's output sender sees it within 100 ms (it polls
+Triton), and the engine drops it at its next step and frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from backend.protocol import wire
-from backend.protocol.wire import INTERNAL, INVALID_REQUEST, NO_FINISH_REASON, UNAVAILABLE, parse_error
+from backend.protocol.triton_response import decode_response, prompt_token_logprobs, token_logprobs
+from backend.protocol.wire import INTERNAL, INVALID_REQUEST, UNAVAILABLE, parse_error
 
 # The launcher's header for Triton's restricted APIs, as Triton expects it over gRPC
 ADMIN_HEADER = "triton-grpc-protocol-llm-admin-key"
@@ -182,49 +185,26 @@ def _tensor(name: str, value: np.ndarray):
 def _deltas(result, top: int | None, prompt_top: int | None, totals: dict[int, int]) -> list[SampleDelta]:
     """The samples of one model response (streaming: one sample per response; see model.py). `top`,
     `prompt_top`: the logprobs alternatives asked for; `totals`: each sample's output tokens so far, updated."""
-    texts = result.as_numpy("text_output").reshape(-1)
-    ids = result.as_numpy("output_ids")
-    ids = ids.reshape(len(texts), -1)
-    indices = result.as_numpy("sample_index").reshape(-1)
-    num_output = result.as_numpy("num_output_tokens").reshape(-1)
-    num_input = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
-    reasons = result.as_numpy("finish_reason").reshape(-1)
-    logprobs = result.as_numpy("logprobs")
-    prompt_logprobs = _prompt_entries(result.as_numpy("prompt_logprobs"), prompt_top or 0)
+    outputs = {name: value for name in wire.OUTPUTS if (value := result.as_numpy(name)) is not None}
+    response = decode_response(outputs)
+    prompt_logprobs = prompt_token_logprobs(response.prompt_logprobs, prompt_top or 0)
     out = []
-    for i, text in enumerate(texts):
-        index, token_ids = int(indices[i]), [int(t) for t in ids[i] if t >= 0]
-        totals[index] = totals.get(index, 0) + int(num_output[i])
-        reason = reasons[i].decode()
-        entries = json.loads(logprobs.reshape(-1)[i]) if logprobs is not None else None
+    for i, sample in enumerate(response.samples):
+        count = len(sample.token_ids) if sample.num_output_tokens is None else sample.num_output_tokens
+        totals[sample.index] = totals.get(sample.index, 0) + count
+        logprobs = None
+        if sample.logprobs is not None:
+            logprobs = [token_logprobs(t, by_id, top or 0) for t, by_id in zip(sample.token_ids, sample.logprobs)]
         out.append(
             SampleDelta(
-                index=index,
-                text=text.decode("utf-8"),
-                token_ids=token_ids,
-                num_input_tokens=num_input,
-                num_output_tokens=totals[index],
-                finish_reason=None if reason == NO_FINISH_REASON else reason,
-                logprobs=None if entries is None else [_entry(t, e, top or 0) for t, e in zip(token_ids, entries)],
+                index=sample.index,
+                text=sample.text,
+                token_ids=sample.token_ids,
+                num_input_tokens=response.num_input_tokens or 0,
+                num_output_tokens=totals[sample.index],
+                finish_reason=sample.finish_reason,
+                logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs if i == 0 else None,
             )
         )
     return out
-
-
-def _prompt_entries(array, top: int) -> list[dict | None] | None:
-    """The prompt_logprobs output (JSON null but in one response): each position's first key is its token."""
-    entries = json.loads(array.reshape(-1)[0]) if array is not None else None
-    if entries is None:
-        return None
-    return [None] + [_entry(int(next(iter(by_id))), by_id, top) for by_id in entries[1:]]
-
-
-def _entry(token_id: int, by_id: dict, top: int) -> dict:
-    """One token's vLLM-shaped logprobs as the front door uses them: {"token_id", "logprob", "top_logprobs"}
-    (the `top` most likely tokens, by rank)."""
-    best = sorted(by_id.items(), key=lambda item: item[1]["rank"])[:top]
-    entry = {"token_id": token_id, "logprob": by_id[str(token_id)]["logprob"]}
-    if top:
-        entry["top_logprobs"] = {int(t): v["logprob"] for t, v in best}
-    return entry

@@ -41,7 +41,7 @@ class EngineConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     spec_max_batch_size: int = 8  # speculation turns off for a step whose batch is larger
-    spec_adaptive: bool = False  # each sequence's draft length follows its acceptance (spec_policy.py)
+    spec_adaptive: bool = False  # each sequence's draft length follows its acceptance (spec/policy.py)
     spec_min_acceptance: float = 0.3  # adaptive: a sequence accepting less stops drafting until a probe
     spec_probe_interval: int = 8  # adaptive: decode steps between probes of a sequence that stopped drafting
     block_size: int = 16

@@ -356,7 +356,10 @@ class LLMEngine:
         if not sampling:
             return
         rows = [row for _, row in sampling]
-        tokens = self.sampler.sample(logits[rows], [seq.sampling_row() for seq, _ in sampling])
+        in_order = rows == list(range(len(rows)))  # the common step: every row samples, no copy needed
+        tokens = self.sampler.sample(
+            logits[: len(rows)] if in_order else logits[rows], [seq.sampling_row() for seq, _ in sampling]
+        )
         for (seq, row), token in zip(sampling, tokens):
             self.outputs.append(seq, token, logits[row])
 

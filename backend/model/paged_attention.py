@@ -10,6 +10,7 @@ each get their own call, so one long prompt does not pad every decode to its len
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -51,17 +52,6 @@ class AttentionGroup:
 
 
 @dataclass
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [T] KV slot of every flat token
-    groups: list[AttentionGroup]
-    kv_cache: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim]
-    # For a step of short queries only (decodes, verification), what attention in place over the blocks
-    # needs (kernels/layer_ops.cpp): each row's sequence and every sequence's block table, padded with 0.
-    row_seq: torch.Tensor | None = None  # [T]
-    block_tables: torch.Tensor | None = None  # [S, max_blocks]
-
-
-@dataclass
 class SeqSlice:
     """One sequence's share of the flat batch."""
 
@@ -71,25 +61,47 @@ class SeqSlice:
     block_table: list[int]
 
 
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] KV slot of every flat token
+    kv_cache: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+    slices: list[SeqSlice]
+    block_size: int
+    queries_per_kv: int
+    # For a step of short queries only (decodes, verification), what attention in place over the blocks
+    # needs (kernels/layer_ops.cpp): each row's sequence and every sequence's block table, padded with 0.
+    row_seq: torch.Tensor | None = None  # [T]
+    block_tables: torch.Tensor | None = None  # [S, max_blocks]
+
+    @cached_property
+    def groups(self) -> list[AttentionGroup]:
+        """The SDPA calls of `paged_attention` (short queries share one, each long prefill chunk gets its own),
+        built on first use: the in-place attention of our layer ops never needs them."""
+        short = [s for s in self.slices if s.num_tokens <= _SHORT_QUERY]
+        groups = [_group(short, self.block_size, self.queries_per_kv)] if short else []
+        groups += [
+            _group([s], self.block_size, self.queries_per_kv) for s in self.slices if s.num_tokens > _SHORT_QUERY
+        ]
+        if len(groups) == 1 and _covers_in_order(groups[0], self.slot_mapping.numel()):
+            groups[0].query_index = None
+        device = self.kv_cache.device
+        return groups if device.type == "cpu" else [_to_device(g, device) for g in groups]
+
+
 def build_metadata(
     slices: list[SeqSlice], block_size: int, kv_cache: torch.Tensor, queries_per_kv: int = 1
 ) -> AttentionMetadata:
-    """Everything every layer's attention needs this step, built once: KV slots and the attention groups
-    (short queries share one call, each long prefill chunk gets its own)."""
+    """Everything every layer's attention needs this step, built once: KV slots, and for a step of short queries
+    on the CPU the block tables our in-place attention reads (the SDPA groups follow on first use)."""
     slots = []
     for s in slices:
         for pos in range(s.start_pos, s.start_pos + s.num_tokens):
             slots.append(s.block_table[pos // block_size] * block_size + pos % block_size)
-    short = [s for s in slices if s.num_tokens <= _SHORT_QUERY]
-    groups = [_group(short, block_size, queries_per_kv)] if short else []
-    groups += [_group([s], block_size, queries_per_kv) for s in slices if s.num_tokens > _SHORT_QUERY]
-    if len(groups) == 1 and _covers_in_order(groups[0], len(slots)):
-        groups[0].query_index = None
     device = kv_cache.device
-    if device.type != "cpu":
-        groups = [_to_device(g, device) for g in groups]
-    meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), groups, kv_cache)
-    if len(short) == len(slices) and device.type == "cpu":
+    meta = AttentionMetadata(
+        torch.tensor(slots, dtype=torch.long, device=device), kv_cache, slices, block_size, queries_per_kv
+    )
+    if device.type == "cpu" and all(s.num_tokens <= _SHORT_QUERY for s in slices):
         width = max(len(s.block_table) for s in slices)
         meta.block_tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in slices])
         meta.row_seq = torch.repeat_interleave(torch.arange(len(slices)), torch.tensor([s.num_tokens for s in slices]))

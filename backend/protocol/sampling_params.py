@@ -18,7 +18,7 @@ from backend.protocol.guided_decoding import (
 )
 from backend.protocol.values import InvalidRequest, as_bool, as_float, as_int, in_range
 
-# Upper bounds on list-valued inputs (the README's "Security and limits" lists every bound).
+# Upper bounds on list-valued inputs (docs/security.md, "Input bounds", lists every bound).
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64

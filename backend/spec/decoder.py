@@ -4,7 +4,7 @@ for them, and turning the target's logits over the k + 1 verified positions into
 The target verifies a sequence's k draft tokens in the same ragged forward pass that carries everyone
 else's prefill chunks and decodes; the rejection sampler (`rejection_sampler.py`) keeps the output
 distributed exactly as the target's, and the KV of rejected positions is rolled back. With `spec_adaptive`,
-each sequence's draft length follows its own recent acceptance (`spec_policy.py`).
+each sequence's draft length follows its own recent acceptance (`spec/policy.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from backend.core.metrics import EngineMetrics
 from backend.core.output_processor import OutputProcessor
 from backend.core.request import Sequence
 from backend.core.scheduler import ScheduledSeq, SchedulerOutput
-from backend.sampling.sampler import Sampler
+from backend.sampling.sampler import Sampler, argmax_rows
 from backend.spec.policy import AdaptivePolicy
 from backend.spec.proposers import Proposer
 from backend.spec.rejection_sampler import verify_greedy, verify_sampled
@@ -101,7 +101,7 @@ class SpeculativeDecoder:
         drafts = seq.spec_token_ids
         num_tokens = seq.num_tokens
         if seq.params.greedy:
-            result = verify_greedy(torch.argmax(target, dim=-1).tolist(), drafts)
+            result = verify_greedy(argmax_rows(target), drafts)
         else:
             result = verify_sampled(target, drafts, seq.spec_draft_probs, seq.generator)
         s.num_accepted = result.num_accepted

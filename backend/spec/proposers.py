@@ -10,7 +10,7 @@ import torch
 
 from backend.core.request import Sequence
 from backend.model.runner import ForwardItem, ModelRunner
-from backend.sampling.sampler import Sampler
+from backend.sampling.sampler import Sampler, argmax_rows
 
 
 class Proposer:
@@ -66,7 +66,7 @@ class DraftModelProposer(Proposer):
             rows = [seq.sampling_row(seq.spec_token_ids) for seq, _ in active]
             logits = self.sampler.process_logits(self.runner.forward(items)[:, : self.sampler.vocab_size], rows)
             sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
-            tokens = torch.argmax(logits, dim=-1).tolist()
+            tokens = argmax_rows(logits)
             if sampled:
                 q = self.sampler.probs(logits[sampled], [rows[i] for i in sampled])
                 for i, row_q, token in zip(sampled, q, self.sampler.draw_rows(q, [rows[i] for i in sampled])):

@@ -126,7 +126,7 @@ CASES = [
         ["stop_token_ids must be token ids below"],
     ),
     ("n_above_max_n_in_sampling", "Hi", {"sampling": {"n": "99"}}, ["n must be between 1 and 8, got 99"]),
-    # upper bounds on every input (README "Security and limits")
+    # upper bounds on every input (docs/security.md, "Input bounds")
     (
         "prompt_over_max_prompt_bytes",
         "a" * 70000,

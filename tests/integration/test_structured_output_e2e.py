@@ -352,7 +352,7 @@ def test_constraints_hold_under_speculative_decoding(server, chat, model):
 
 
 def test_generate_endpoint_takes_a_schema_as_a_request_parameter(server, chat):
-    """The README's curl example: guided_json as a string among the generate body's keys."""
+    """docs/structured_output.md's curl example: guided_json as a string among the generate body's keys."""
     what, schema = SCHEMAS[0]
     completion = generate_http(
         chat(f"Reply in JSON with {what}."),

@@ -1,6 +1,7 @@
 """The additional outputs in Triton's vLLM backend's terms: what a response holds for which flags
 (backend/engine/output_sender.py), the cumulative logprob the engine keeps per sample (with n > 1 and speculation),
-and the front door reading the vLLM shapes back (frontend/triton_stream.py)."""
+and the front door reading the vLLM shapes back (frontend/triton_stream.py, over the response decoder it shares with
+the client: backend/protocol/triton_response.py, whose own tests are tests/unit/test_triton_response.py)."""
 
 from __future__ import annotations
 

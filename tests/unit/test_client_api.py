@@ -184,6 +184,27 @@ def test_chunk_finish_reason_none_until_the_end_and_cumulative_logprob():
     assert chunk_from_outputs({"text_output": "a"}, 0.0).cumulative_logprob is None
 
 
+def test_a_chunk_of_several_samples_joins_them_without_the_id_padding():
+    c = chunk_from_outputs(
+        {
+            "text_output": np.array([b"x", b"yz"], dtype=np.object_),
+            "output_ids": np.array([[3, -1], [4, 5]], dtype=np.int32),
+            "sample_index": np.array([0, 1], dtype=np.int32),
+            "finish_reason": np.array([b"stop", b"length"], dtype=np.object_),
+            "num_output_tokens": np.array([1, 2], dtype=np.uint32),
+        },
+        0.0,
+    )
+    assert (c.text, c.token_ids, c.finish_reason, c.sample_index, c.num_output_tokens) == (
+        "xyz",
+        [3, 4, 5],
+        "stop",
+        0,
+        1,
+    )
+    assert c.raw["output_ids"] == [3, -1, 4, 5]
+
+
 def test_chunk_num_tokens_fallbacks():
     assert Chunk(text="x").num_tokens == 1
     assert Chunk(text="x", num_output_tokens=3).num_tokens == 3

@@ -151,3 +151,17 @@ def test_torch_gets_the_threads_only_for_passes_it_computes(tiny_llama):
     finally:
         torch.set_num_threads(saved)
         kernels.set_threads(0)
+
+
+def test_attention_groups_are_built_only_when_sdpa_reads_them(tiny_llama):
+    """A decode step's metadata holds the block tables our in-place attention reads; the SDPA groups (padded
+    query index and masks) are built on first use only, and then cover the step as before."""
+    from backend.model.paged_attention import SeqSlice, build_metadata
+
+    runner = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS)
+    tables = scattered_tables(2, 3)
+    meta = build_metadata([SeqSlice(0, 1, 5, tables[0]), SeqSlice(1, 2, 9, tables[1])], BLOCK, runner.kv_cache)
+    assert meta.block_tables.tolist() == tables and meta.row_seq.tolist() == [0, 1, 1]
+    assert "groups" not in vars(meta)
+    (group,) = meta.groups
+    assert group.num_queries == 2 and group.out_rows.tolist() == [0, 1, 2]

@@ -10,7 +10,7 @@ import torch
 
 from backend.core.request import Request, Sequence
 from backend.protocol.sampling_params import SamplingParams
-from backend.sampling.sampler import Sampler, SamplingRow
+from backend.sampling.sampler import Sampler, SamplingRow, argmax_rows
 
 EOS = 2
 VOCAB = 8
@@ -368,3 +368,17 @@ def test_a_batch_samples_each_row_as_if_alone():
     for _ in range(5):
         tokens = sampler.sample(logits, batch)
         assert tokens == [sampler.sample(logits[i : i + 1], [alone[i]])[0] for i in range(len(alone))]
+
+
+def test_argmax_rows_is_torch_argmax_first_index_on_ties():
+    """numpy's argmax serves float32 CPU rows: the same index as torch.argmax, the first on a tie, any layout."""
+    logits = torch.randn(5, 300)
+    logits[1, [7, 200]] = 50.0  # a tie: the first wins
+    logits[2, :] = 0.0  # all equal
+    logits[3, [9, 10]] = float("inf")
+    expected = torch.argmax(logits, dim=-1).tolist()
+    assert argmax_rows(logits) == expected
+    assert expected[1:4] == [7, 0, 9]
+    assert argmax_rows(logits.t().contiguous().t()) == expected  # not contiguous rows
+    assert argmax_rows(logits[::2]) == torch.argmax(logits[::2], dim=-1).tolist()
+    assert argmax_rows(logits.bfloat16()) == torch.argmax(logits.bfloat16(), dim=-1).tolist()  # torch's own

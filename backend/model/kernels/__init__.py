@@ -3,7 +3,7 @@ a short step's decoder layers in one call), built once with torch's C++ extensio
 
 The build has no CPU-specific flags: each instruction-set path is compiled with its own target pragma and the
 running CPU picks one per call (`best_isa`), so one artefact serves every x86 machine; the cache key is the
-source's hash and the torch version. `make venv` builds it (`python -m backend.model.kernels`); a server that finds
+source's hash and the torch version. `make kernels` builds it (`python -m backend.model.kernels`); a server that finds
 no build makes one at load (about a minute on 2 cores) or, where that fails, runs the pure-torch path and says
 why in the load log.
 """

@@ -156,6 +156,12 @@ std::pair<at::Tensor, at::Tensor> scaled_inputs(const at::Tensor& x, int format)
 
 }  // namespace
 
+int64_t tile_grain(int64_t tiles, int64_t block_rows_per_tile) {
+  const int64_t worth_waking = std::max<int64_t>(1, 512 / block_rows_per_tile);
+  const int64_t per_thread = std::max<int64_t>(1, pool::threads());
+  return std::max<int64_t>(1, std::min(worth_waking, (tiles + 4 * per_thread - 1) / (4 * per_thread)));
+}
+
 // The best instruction set this CPU runs (0: neither, use the pure-torch path).
 int64_t best_isa() {
   __builtin_cpu_init();
@@ -196,8 +202,7 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
   const float* sp = sums.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
-  // Grain: tiles per task, a few microseconds of work, so that a thread is worth waking for it.
-  const int64_t grain = std::max<int64_t>(1, 512 / (blocks * std::max<int64_t>(rows, 1)));
+  const int64_t grain = tile_grain(tiles, blocks * std::max<int64_t>(rows, 1));
   pool::parallel_for(tiles, grain, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> w;
     if (buffered) w.resize(in_features * kTile);

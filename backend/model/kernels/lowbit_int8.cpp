@@ -139,7 +139,7 @@ at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_featu
   const float* sum = qx.sum.data_ptr<float>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 512 / (blocks * std::max<int64_t>(rows, 1)));
+  const int64_t grain = tile_grain(tiles, blocks * std::max<int64_t>(rows, 1));
   pool::parallel_for(tiles, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int valid = (int)std::min<int64_t>(kTile, out_features - t * kTile);

@@ -5,6 +5,9 @@
 int64_t best_isa();       // lowbit.cpp
 int64_t layer_ops_isa();  // layer_ops.cpp
 at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format, int64_t isa);
+// Tiles per task of a low-bit matmul: a few microseconds of work (worth waking a thread for), and at least 4
+// tasks per thread where the layer has the tiles, so the work splits evenly (lowbit.cpp).
+int64_t tile_grain(int64_t tiles, int64_t block_rows_per_tile);
 at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_features);  // lowbit_int8.cpp
 at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps);
 at::Tensor silu_mul(at::Tensor gate_up);
