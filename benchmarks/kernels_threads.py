@@ -24,14 +24,17 @@ def kernel_rows(engine, threads: list[int]) -> tuple[list[str], dict]:
         f"ours, {kernels.ISA_NAMES[i]}": (i, 1 << 30) for i in (1, 2) if i <= kernels.best_isa()
     }
     data: dict = {}
+    kernel_threads = kernels.threads()  # the engine set its own count: the rows below set theirs, then restore it
     try:
         for n in threads:
             torch.set_num_threads(n)
+            kernels.set_threads(n)
             for label, (isa, max_m) in paths.items():
                 for lin in layers:
                     lin.isa, lin.max_m = isa or lin.isa, max_m
                 data.setdefault(n, {})[label] = {m: linear_layers_time(engine, m) * 1e3 for m in ROWS}
     finally:
+        kernels.set_threads(kernel_threads)
         for lin, (isa, max_m) in zip(layers, saved):
             lin.isa, lin.max_m = isa, max_m
     lines = [f"| threads | path | {' | '.join(f'M={m}' for m in ROWS)} |", f"|---|---|{'---|' * len(ROWS)}"]

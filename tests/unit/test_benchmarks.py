@@ -216,3 +216,31 @@ def test_section_7_measures_the_kernels_distance_to_the_exact_product():
     assert 0 < data["ours"] < 1e-4 and 0 < data["torch_fp32"] < 1e-4
     assert data["ratio_median"] <= data["ratio_max"] < 10
     assert "2 low-bit layers at M = 1, 5" in lines[0]
+
+
+FAKE_LLAMA_QUANTIZE = """
+    import sys
+    flag, source, out, kind = sys.argv[1:]
+    assert flag == "--allow-requantize"
+    with open(source, "rb") as f, open(out, "wb") as g:
+        g.write(f.read() + kind.encode())
+    with open(out + ".runs", "a") as log:
+        log.write("run\\n")
+"""
+
+
+def test_the_k_quant_file_is_made_once_by_the_builds_llama_quantize(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMA_CPP_CACHE", str(tmp_path / "cache"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "llama-quantize"
+    program.write_text(f"#!{sys.executable}\n" + textwrap.dedent(FAKE_LLAMA_QUANTIZE))
+    program.chmod(0o755)
+    source = tmp_path / "model.Q4_1.gguf"
+    source.write_bytes(b"GGUF")
+    out = llama_cpp_build.quantized(bin_dir, source, "Q4_K_M")
+    assert out == tmp_path / "cache" / "models" / "model.Q4_1.Q4_K_M.gguf"
+    assert out.read_bytes() == b"GGUFQ4_K_M"
+    assert not out.with_suffix(".part").exists()  # written beside, then moved into place
+    assert llama_cpp_build.quantized(bin_dir, source, "Q4_K_M") == out  # made once
+    assert (tmp_path / "cache" / "models" / "model.Q4_1.Q4_K_M.part.runs").read_text() == "run\n"
