@@ -23,7 +23,7 @@ from backend.core.request import (
     Sequence,
 )
 from backend.core.scheduler import Scheduler
-from backend.sampling.sampler import Sampler
+from backend.sampling.sampler import Sampler, take_rows
 from backend.sampling.structured_output import advance
 
 
@@ -62,8 +62,24 @@ class OutputProcessor:
             progress = self._progress[seq.seq_id] = SampleProgress()
         return progress
 
-    def append(self, seq: Sequence, token_id: int, logits: torch.Tensor) -> bool:
-        """Add a generated token and apply every stop rule; returns True if the sequence finished."""
+    def append_rows(self, logits: torch.Tensor, rows: list[tuple[Sequence, int, int]]) -> None:
+        """`append` for each (sequence, token, logits row) a step sampled, the logprobs of every row that wants them
+        computed together: one log-softmax over those rows per distinct `logprobs` count, not one per row."""
+        entries: list[dict | None] = [None] * len(rows)
+        by_top: dict[int, list[int]] = {}
+        for i, (seq, _, _) in enumerate(rows):
+            if _tracks_cumulative(seq):
+                by_top.setdefault(seq.params.logprobs or 0, []).append(i)
+        for top, indices in by_top.items():
+            picked = take_rows(logits, [rows[i][2] for i in indices])
+            for i, entry in zip(indices, self.sampler.logprobs_rows(picked, [rows[i][1] for i in indices], top)):
+                entries[i] = entry
+        for (seq, token_id, row), entry in zip(rows, entries):
+            self.append(seq, token_id, logits[row], entry)
+
+    def append(self, seq: Sequence, token_id: int, logits: torch.Tensor, entry: dict | None = None) -> bool:
+        """Add a generated token and apply every stop rule; returns True if the sequence finished. `entry`: the
+        token's logprobs where the caller computed them already (`append_rows`)."""
         params = seq.params
         progress = self.progress(seq)
         seq.token_ids.append(token_id)
@@ -77,7 +93,7 @@ class OutputProcessor:
         seq.request.stats.token()
         self.metrics.inc("llm_generation_tokens_total")
         if _tracks_cumulative(seq):
-            entry = self.sampler.logprobs(logits, token_id, params.logprobs or 0)
+            entry = entry or self.sampler.logprobs(logits, token_id, params.logprobs or 0)
             progress.cumulative_logprob += entry["logprob"]
             if params.logprobs is not None:
                 progress.logprobs.append(entry)

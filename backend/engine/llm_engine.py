@@ -30,7 +30,7 @@ from backend.model.runner import DTYPES, ForwardItem, ModelRunner
 from backend.protocol.sampling_params import SamplingParams
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INTERNAL, ErrorText
-from backend.sampling.sampler import Sampler
+from backend.sampling.sampler import Sampler, take_rows
 from backend.sampling.structured_output import StructuredOutput
 from backend.spec.decoder import SpeculativeDecoder
 
@@ -356,12 +356,8 @@ class LLMEngine:
         if not sampling:
             return
         rows = [row for _, row in sampling]
-        in_order = rows == list(range(len(rows)))  # the common step: every row samples, no copy needed
-        tokens = self.sampler.sample(
-            logits[: len(rows)] if in_order else logits[rows], [seq.sampling_row() for seq, _ in sampling]
-        )
-        for (seq, row), token in zip(sampling, tokens):
-            self.outputs.append(seq, token, logits[row])
+        tokens = self.sampler.sample(take_rows(logits, rows), [seq.sampling_row() for seq, _ in sampling])
+        self.outputs.append_rows(logits, [(seq, token, row) for (seq, row), token in zip(sampling, tokens)])
 
     def _scored_only(self, seq: Sequence) -> bool:
         """A prompt scored for its prompt_logprobs with max_tokens 0 finishes without a token."""

@@ -37,6 +37,13 @@ def argmax_rows(values: torch.Tensor) -> list[int]:
     return torch.argmax(values, dim=-1).tolist()
 
 
+def take_rows(values: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """values[rows]: a view where the rows are consecutive and ascending (a step's usual layout), else a copy."""
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return values[rows[0] : rows[0] + len(rows)]
+    return values[rows]
+
+
 class Sampler:
     def __init__(self, vocab_size: int, eos_token_ids: set[int]):
         self.vocab_size = vocab_size

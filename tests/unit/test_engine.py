@@ -235,6 +235,30 @@ def test_logprobs(make_engine):
     assert plain.logprobs is None
 
 
+def test_logprobs_of_a_batch_with_different_counts(make_engine):
+    """A step computes the logprobs of its rows together (one op per distinct count): each sequence still gets its
+    own token's entries, with its own number of alternatives, as when it runs alone."""
+    engine = make_engine()
+    counts = [None, 0, 2, 4, 2]
+    requests = [
+        engine.build_request(f"m{i}", PROMPTS[i % len(PROMPTS)], greedy(4, logprobs=k)) for i, k in enumerate(counts)
+    ]
+    together = run(engine, requests)
+    for i, count in enumerate(counts):
+        sample = final(together[f"m{i}"]).samples[0]
+        alone = final(
+            run(engine, [engine.build_request("alone", PROMPTS[i % len(PROMPTS)], greedy(4, logprobs=count))])["alone"]
+        ).samples[0]
+        assert sample.token_ids == alone.token_ids
+        if count is None:
+            assert sample.logprobs is None
+            continue
+        for entry, solo in zip(sample.logprobs, alone.logprobs, strict=True):
+            assert entry["logprob"] == pytest.approx(solo["logprob"], abs=1e-5) and entry["rank"] == solo["rank"]
+            assert len(entry.get("top_logprobs", {})) == count
+            assert entry.get("top_logprobs", {}).keys() == solo.get("top_logprobs", {}).keys()
+
+
 def test_min_tokens_and_ignore_eos_reach_max_tokens(make_engine):
     engine = make_engine()
     request = engine.build_request(

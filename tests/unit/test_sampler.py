@@ -10,7 +10,7 @@ import torch
 
 from backend.core.request import Request, Sequence
 from backend.protocol.sampling_params import SamplingParams
-from backend.sampling.sampler import Sampler, SamplingRow, argmax_rows
+from backend.sampling.sampler import Sampler, SamplingRow, argmax_rows, take_rows
 
 EOS = 2
 VOCAB = 8
@@ -382,3 +382,11 @@ def test_argmax_rows_is_torch_argmax_first_index_on_ties():
     assert argmax_rows(logits.t().contiguous().t()) == expected  # not contiguous rows
     assert argmax_rows(logits[::2]) == torch.argmax(logits[::2], dim=-1).tolist()
     assert argmax_rows(logits.bfloat16()) == torch.argmax(logits.bfloat16(), dim=-1).tolist()  # torch's own
+
+
+def test_take_rows_is_a_view_only_for_consecutive_rows():
+    values = torch.arange(12.0).view(6, 2)
+    view = take_rows(values, [2, 3, 4])
+    assert torch.equal(view, values[[2, 3, 4]]) and view.data_ptr() == values[2].data_ptr()
+    for rows in ([4, 2], [0, 2], [3, 3], [5]):
+        assert torch.equal(take_rows(values, rows), values[rows])
