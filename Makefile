@@ -191,7 +191,7 @@ clean-all: clean
 
 # lm-evaluation-harness in a virtual environment of its own (the server's .venv and its pins stay untouched):
 # scores benchmarks/lm_eval's task in process and through the front door of a running `make serve`, and
-# compares the two request by request (benchmarks/lm_eval/run.py $(LM_EVAL_ARGS); --skip-served: in process only).
+# compares the two request by request (-m benchmarks.lm_eval.run $(LM_EVAL_ARGS); --skip-served: in process only).
 LMEVAL_VENV  ?= .venv-lmeval
 LM_EVAL_ARGS ?=
 .PHONY: lm-eval lm-eval-venv
@@ -203,4 +203,4 @@ $(LMEVAL_VENV)/.requirements.stamp: benchmarks/lm_eval/requirements.txt
 	touch $@
 
 lm-eval: lm-eval-venv
-	$(LMEVAL_VENV)/bin/python benchmarks/lm_eval/run.py $(LM_EVAL_ARGS)
+	$(LMEVAL_VENV)/bin/python -m benchmarks.lm_eval.run $(LM_EVAL_ARGS)

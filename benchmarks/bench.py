@@ -3,7 +3,7 @@
     llm-bench [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8] [--quick] [--threads N]
                                [--llama-cpp-dir DIR]
 
-Sections (all run by default; `--only` picks some), one module each over benchmarks/harness.py:
+Sections (all run by default; `--only` picks some), one module each, whose `run(bench)` gets context.py's `Bench`:
 
   1. seed_workload.py: the seed workload (32 prompts with their own max_tokens, batch size 8): static batching
      with Hugging Face `generate` against our engine through Triton (max_num_seqs 8), both in the served
@@ -59,21 +59,14 @@ from benchmarks import (
     vs_llama_cpp,
     vs_transformers,
 )
-from benchmarks.harness import (
-    BF16_INT4_MODEL,
-    DECODE_PROFILE,
-    FP32_MODEL,
-    GOALS,
-    MAIN_MODEL,
-    SEED_MODEL,
-    THREADS_MODELS,
-    Bench,
-    log,
-    make_settings,
-)
+from benchmarks.context import Bench
 from benchmarks.machine import machine_info
+from benchmarks.progress import log
 from benchmarks.report import write_report
 from benchmarks.server import Server
+from benchmarks.settings import make_settings
+from benchmarks.targets import DECODE_PROFILE, GOALS
+from benchmarks.variants import BF16_INT4_MODEL, FP32_MODEL, MAIN_MODEL, SEED_MODEL, THREADS_MODELS
 from launcher.paths import MODEL_DIR, REPO_ROOT
 
 SECTIONS = {

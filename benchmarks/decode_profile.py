@@ -9,7 +9,10 @@ import time
 import types
 
 from benchmarks.common import PROMPTS
-from benchmarks.harness import DECODE_PROFILE, GREEDY, Bench, log
+from benchmarks.context import Bench
+from benchmarks.progress import log
+from benchmarks.settings import GREEDY
+from benchmarks.targets import DECODE_PROFILE
 
 
 def decode_setup(engine, batch: int, steps: int) -> None:

@@ -3,7 +3,11 @@ past max_num_seqs."""
 
 from __future__ import annotations
 
-from benchmarks.harness import MAIN_MODEL, Bench, engine_parameters, load_summary, log, ms, throughput_requests
+from benchmarks.context import Bench
+from benchmarks.formatting import load_summary, ms
+from benchmarks.progress import log
+from benchmarks.settings import throughput_requests
+from benchmarks.variants import MAIN_MODEL, engine_parameters
 
 TITLE = "Cost as load grows"
 

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import SEED_SPEEDUP
-from benchmarks.harness import GOALS, SUMMARY_ORDER, Bench, engine_parameters, resolved_dtype
+from benchmarks.context import Bench
+from benchmarks.targets import GOALS, SUMMARY_ORDER
+from benchmarks.variants import engine_parameters, resolved_dtype
 from launcher.paths import REPO_ROOT
 
 

@@ -9,8 +9,10 @@ import time
 
 import torch
 
+from benchmarks.context import Bench
 from benchmarks.decode_profile import MATMUL, decode_setup, measure_profiles
-from benchmarks.harness import DECODE_PROFILE, GOALS, Bench, log
+from benchmarks.progress import log
+from benchmarks.targets import DECODE_PROFILE, GOALS
 
 TITLE = "Roofline: decode tokens/s against the machine's ceilings"
 

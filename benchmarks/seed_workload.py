@@ -9,7 +9,12 @@ import time
 import torch
 
 from benchmarks.common import SEED_BATCH_SIZE, SEED_SPEEDUP
-from benchmarks.harness import GOALS, SEED_MODEL, Bench, load_summary, log, resolved_dtype, seed_requests
+from benchmarks.context import Bench
+from benchmarks.formatting import load_summary
+from benchmarks.progress import log
+from benchmarks.settings import seed_requests
+from benchmarks.targets import GOALS
+from benchmarks.variants import SEED_MODEL, resolved_dtype
 
 TITLE = "Seed workload: static batching (HF generate) vs our engine through Triton"
 

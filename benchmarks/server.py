@@ -10,7 +10,9 @@ from pathlib import Path
 
 import launcher
 from benchmarks.common import PROMPTS, LoadResult, run_triton
-from benchmarks.harness import GREEDY, VARIANTS, log
+from benchmarks.progress import log
+from benchmarks.settings import GREEDY
+from benchmarks.variants import VARIANTS
 from launcher.model_config import write_model_repository
 from testkit import prometheus
 

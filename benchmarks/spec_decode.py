@@ -27,6 +27,8 @@ from benchmarks.common import (
     median,
     run_engine_requests,
 )
+from benchmarks.progress import log
+from benchmarks.variants import engine_parameters
 from launcher.model_config import read_parameters
 from launcher.paths import MODEL_DIR
 
@@ -174,8 +176,6 @@ def table(results: dict, concurrency: int) -> list[str]:
 
 def run(bench) -> list[str]:
     """The report section: the served configuration (its draft model and k, else n-gram with k 4) at batch 1."""
-    from benchmarks.harness import engine_parameters, log
-
     params = {**engine_parameters(bench.s.engine_threads), "model": bench.model_dir}
     draft = params.get("draft_model") or "ngram"
     k = int(params.get("num_speculative_tokens", "0")) or 4

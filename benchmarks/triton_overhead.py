@@ -7,7 +7,11 @@ import math
 import statistics
 
 from benchmarks.common import LoadResult
-from benchmarks.harness import GOALS, TRITON_STEPS, Bench, log, ms, paired_bars
+from benchmarks.context import Bench
+from benchmarks.formatting import ms
+from benchmarks.plots import paired_bars
+from benchmarks.progress import log
+from benchmarks.targets import GOALS, TRITON_STEPS
 from testkit.stats import percentile
 
 TITLE = "Triton path overhead: in-process engine vs through Triton"

@@ -15,17 +15,13 @@ from pathlib import Path
 import launcher
 from benchmarks import llama_cpp_build
 from benchmarks.common import PROMPTS, LoadResult, run_closed_loop
-from benchmarks.harness import (
-    GOALS,
-    MAIN_MODEL,
-    Bench,
-    largest,
-    load_summary,
-    log,
-    paired_bars,
-    throughput_requests,
-    versus_row,
-)
+from benchmarks.context import Bench
+from benchmarks.formatting import load_summary, versus_row
+from benchmarks.plots import paired_bars
+from benchmarks.progress import log
+from benchmarks.settings import largest, throughput_requests
+from benchmarks.targets import GOALS
+from benchmarks.variants import MAIN_MODEL
 
 TITLE = "llama.cpp: batch-1 decode (llama-bench) and concurrent streams (llama-server) vs ours through Triton"
 SERVER_CONTEXT, SERVER_SLOTS = 8192, 32  # llama-server -c / -np: 256 tokens of context per slot

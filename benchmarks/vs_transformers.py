@@ -10,20 +10,13 @@ import torch
 
 from backend.model.hardware import native_bf16
 from benchmarks.common import PROMPTS, LoadResult
-from benchmarks.harness import (
-    FP32_MODEL,
-    GOALS,
-    MAIN_MODEL,
-    Bench,
-    engine_parameters,
-    largest,
-    load_summary,
-    log,
-    paired_bars,
-    resolved_dtype,
-    throughput_requests,
-    versus_row,
-)
+from benchmarks.context import Bench
+from benchmarks.formatting import load_summary, versus_row
+from benchmarks.plots import paired_bars
+from benchmarks.progress import log
+from benchmarks.settings import largest, throughput_requests
+from benchmarks.targets import GOALS
+from benchmarks.variants import FP32_MODEL, MAIN_MODEL, engine_parameters, resolved_dtype
 
 TITLE = "Output tokens/s: our engine through Triton vs transformers continuous batching"
 

@@ -125,10 +125,9 @@ class BlockManager:
             self._retain(block_id)
         seq.block_table = list(cached)
         seq.block_hashes = [self.blocks[block_id].hash for block_id in cached]
-        seq.num_computed_tokens = len(cached) * self.block_size
-        seq.num_cached_prompt_tokens = seq.num_computed_tokens
+        seq.num_cached_prompt_tokens = len(cached) * self.block_size
         self.prefix_queries += seq.num_prompt_tokens
-        self.prefix_hits += seq.num_computed_tokens
+        self.prefix_hits += seq.num_cached_prompt_tokens
 
     def slots_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """Blocks `allocate(seq, num_new_tokens)` would take from the free list (new ones and copies)."""
@@ -161,15 +160,12 @@ class BlockManager:
             self._retain(block_id)
         child.block_table = list(parent.block_table)
         child.block_hashes = list(parent.block_hashes)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.draft_num_computed = parent.draft_num_computed
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):  # tail first: evicted before the prefix it extends
             self._release(block_id)
         seq.block_table = []
         seq.block_hashes = []
-        seq.num_computed_tokens = seq.draft_num_computed = 0
 
     def trim(self, seq: Sequence) -> None:
         """Release blocks past the computed tokens (after a rejected speculation)."""
@@ -182,7 +178,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         size = self.block_size
-        for index in range(len(seq.block_hashes), seq.num_computed_tokens // size):
+        for index in range(len(seq.block_hashes), min(seq.num_computed_tokens, seq.num_tokens) // size):
             parent = seq.block_hashes[-1] if seq.block_hashes else seq.cache_salt
             chunk = tuple(seq.token_ids[index * size : (index + 1) * size])
             block_hash = chain_hash(parent, chunk)

@@ -1,7 +1,8 @@
 """What happens to a token after it is chosen: stop rules, latency metrics, and the outputs clients receive.
 
-`append` adds a generated token to a sequence and finishes it on EOS, a stop token, a stop string (the
-detokenizer holds back text that may become one), a completed grammar, max_tokens or the model's length.
+`on_token` accounts for a token the scheduler just appended and says whether it ends the sequence: EOS, a stop
+token, a stop string (the detokenizer holds back text that may become one), a completed grammar, max_tokens or
+the model's length.
 `collect` turns a request's state into a `RequestOutput`: the new text, token ids and logprobs of every sample
 for a stream, everything at the end otherwise, with each sample's cumulative logprob so far when it is
 tracked, and the prompt's logprobs (when asked for) once, in the first output after the prompt is computed.
@@ -9,6 +10,7 @@ tracked, and the prompt's logprobs (when asked for) once, in the first output af
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +24,7 @@ from backend.core.request import (
     SampleOutput,
     Sequence,
 )
-from backend.core.scheduler import Scheduler
+from backend.core.runner_output import ModelRunnerOutput, SampledTokens
 from backend.sampling.sampler import Sampler, take_rows
 from backend.sampling.structured_output import advance
 
@@ -43,13 +45,11 @@ class SampleProgress:
 class OutputProcessor:
     def __init__(
         self,
-        scheduler: Scheduler,
         sampler: Sampler,
         metrics: EngineMetrics,
         eos_token_ids: set[int],
         max_model_len: int,
     ):
-        self.scheduler = scheduler
         self.sampler = sampler
         self.metrics = metrics
         self.eos_token_ids = eos_token_ids
@@ -62,27 +62,27 @@ class OutputProcessor:
             progress = self._progress[seq.seq_id] = SampleProgress()
         return progress
 
-    def append_rows(self, logits: torch.Tensor, rows: list[tuple[Sequence, int, int]]) -> None:
-        """`append` for each (sequence, token, logits row) a step sampled, the logprobs of every row that wants them
-        computed together: one log-softmax over those rows per distinct `logprobs` count, not one per row."""
-        entries: list[dict | None] = [None] * len(rows)
-        by_top: dict[int, list[int]] = {}
-        for i, (seq, _, _) in enumerate(rows):
-            if _tracks_cumulative(seq):
-                by_top.setdefault(seq.params.logprobs or 0, []).append(i)
-        for top, indices in by_top.items():
-            picked = take_rows(logits, [rows[i][2] for i in indices])
-            for i, entry in zip(indices, self.sampler.logprobs_rows(picked, [rows[i][1] for i in indices], top)):
-                entries[i] = entry
-        for (seq, token_id, row), entry in zip(rows, entries):
-            self.append(seq, token_id, logits[row], entry)
+    def add_logprobs(self, output: ModelRunnerOutput) -> None:
+        """Fill in the logprobs entries of every token the step chose for a sequence that tracks them, computed
+        together: one log-softmax over those rows per distinct `logprobs` count, not one per token."""
+        by_top: dict[int, list[tuple[SampledTokens, int]]] = {}
+        for result in output.sampled:
+            if _tracks_cumulative(result.seq):
+                result.logprobs = [None] * len(result.token_ids)
+                by_top.setdefault(result.seq.params.logprobs or 0, []).extend(
+                    (result, i) for i in range(len(result.token_ids))
+                )
+        for top, tokens in by_top.items():
+            rows = take_rows(output.logits, [result.rows[i] for result, i in tokens])
+            token_ids = [result.token_ids[i] for result, i in tokens]
+            for (result, i), entry in zip(tokens, self.sampler.logprobs_rows(rows, token_ids, top)):
+                result.logprobs[i] = entry
 
-    def append(self, seq: Sequence, token_id: int, logits: torch.Tensor, entry: dict | None = None) -> bool:
-        """Add a generated token and apply every stop rule; returns True if the sequence finished. `entry`: the
-        token's logprobs where the caller computed them already (`append_rows`)."""
+    def on_token(self, seq: Sequence, token_id: int, logits: torch.Tensor, entry: dict | None) -> FinishReason | None:
+        """Account for a token just appended to `seq` (latency metrics, logprobs, generation logits, its text) and
+        apply every stop rule: the reason it ends the sequence, or None. `entry`: its logprobs, when tracked."""
         params = seq.params
         progress = self.progress(seq)
-        seq.token_ids.append(token_id)
         now = time.perf_counter()
         if progress.first_token_time is None:
             progress.first_token_time = now
@@ -92,14 +92,12 @@ class OutputProcessor:
         progress.last_token_time = now
         seq.request.stats.token()
         self.metrics.inc("llm_generation_tokens_total")
-        if _tracks_cumulative(seq):
-            entry = entry or self.sampler.logprobs(logits, token_id, params.logprobs or 0)
+        if entry is not None:
             progress.cumulative_logprob += entry["logprob"]
             if params.logprobs is not None:
                 progress.logprobs.append(entry)
         if params.generation_logits:
             progress.generation_logits.append(logits.detach().float().clone())  # not a view of the step's logits
-        reason = None
         if (
             token_id in params.stop_token_ids
             or (not params.ignore_eos and token_id in self.eos_token_ids)
@@ -108,23 +106,16 @@ class OutputProcessor:
                 and _ends_with_any(seq.output_token_ids, params.stop_word_ids)
             )
         ):
-            reason = FinishReason.STOP  # its id is in output_ids; its text only if asked for
             if params.include_stop_str_in_output:
                 seq.detokenizer.append(token_id)
-        elif seq.detokenizer.append(token_id):
-            reason = FinishReason.STOP
-        elif seq.matcher is not None and advance(seq.matcher, token_id):
-            reason = FinishReason.STOP  # the grammar is complete
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = FinishReason.LENGTH
-        if reason is not None:
-            self.finish(seq, reason)
-        return reason is not None
-
-    def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        seq.finish_reason = reason
-        seq.detokenizer.flush()
-        self.scheduler.finish(seq)
+            return FinishReason.STOP  # its id is in output_ids; its text only if asked for
+        if seq.detokenizer.append(token_id):
+            return FinishReason.STOP
+        if seq.matcher is not None and advance(seq.matcher, token_id):
+            return FinishReason.STOP  # the grammar is complete
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
 
     def collect(self, request: Request) -> RequestOutput | None:
         """The request's output for this step, or None when it has nothing to say."""
@@ -134,6 +125,8 @@ class OutputProcessor:
             for seq in request.sequences:
                 progress = self.progress(seq)
                 new_ids = seq.output_token_ids[progress.num_sent_tokens :]
+                if seq.is_finished:
+                    seq.detokenizer.flush()
                 text = seq.detokenizer.take_new_text(seq.is_finished)
                 if new_ids or text or (seq.is_finished and not progress.final_sent):
                     samples.append(_sample_output(seq, progress, text, new_ids, progress.num_sent_tokens))
@@ -142,6 +135,7 @@ class OutputProcessor:
         elif finished:
             for seq in request.sequences:
                 progress = self.progress(seq)
+                seq.detokenizer.flush()
                 text = seq.detokenizer.take_new_text(True)
                 samples.append(_sample_output(seq, progress, text, seq.output_token_ids, 0))
         if not samples and not finished:
@@ -165,9 +159,10 @@ class OutputProcessor:
             len(request.prompt_token_ids),
             finished,
             request.error,
-            request,
+            request.key,
             prompt_logprobs,
             context_logits,
+            dataclasses.replace(request.stats),
         )
 
 

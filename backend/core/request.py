@@ -30,6 +30,7 @@ class SequenceStatus(enum.Enum):
 
 
 _seq_ids = itertools.count()
+_request_keys = itertools.count(1)
 
 
 class Sequence:
@@ -49,8 +50,6 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.detokenizer = detokenizer
         self.generator = torch.Generator().manual_seed(request.seed_for(sample_index))
-        self.spec_token_ids: list[int] = []  # draft tokens proposed for this step
-        self.spec_draft_probs = None  # their draft distributions [k, V], or None for a deterministic draft
         self.draft_num_computed = 0  # tokens whose KV the draft model holds
         self.matcher = None  # its own grammar state when the request constrains its output (structured_output.py)
         self.num_preemptions = 0
@@ -126,14 +125,18 @@ class SampleOutput:
 
 @dataclass
 class RequestOutput:
+    """What the engine says of one request after a step: plain values, no live engine object (it crosses to the
+    sender's thread while the engine goes on)."""
+
     request_id: str
     samples: list[SampleOutput]
     num_input_tokens: int
     finished: bool
     error: str | None = None
-    request: Request | None = field(default=None, repr=False)
+    key: int = 0  # which request it answers (`Request.key`: request ids need not be unique)
     prompt_logprobs: list[dict | None] | None = None  # once, in the first output after the prompt is computed
     context_logits: list[torch.Tensor] | None = None  # the same: chunks of [positions, V] covering the prompt
+    stats: RequestStats | None = None  # the request's statistics when this output was made (a copy)
 
     def followed_by(self, later: RequestOutput) -> RequestOutput:
         """This output and the next one of the same request as one response (a stream's deltas concatenate)."""
@@ -147,9 +150,10 @@ class RequestOutput:
             later.num_input_tokens,
             later.finished,
             later.error or self.error,
-            later.request,
+            later.key,
             self.prompt_logprobs or later.prompt_logprobs,
             self.context_logits or later.context_logits,
+            later.stats,
         )
 
 
@@ -223,6 +227,7 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     lora_name: str | None = None  # the LoRA adapter it asks for (None: the base model)
     adapter: LoraAdapter | None = None  # that adapter, held from admission until the request finishes
+    key: int = field(default_factory=lambda: next(_request_keys))  # unique in this process, unlike request_id
 
     def __post_init__(self):
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

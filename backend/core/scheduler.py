@@ -5,39 +5,27 @@ budget, sequence slots and blocks last. A prompt longer than the remaining budge
 so prefills and decodes share a step. When blocks run out, the most recently admitted sequences are
 preempted: their blocks are freed and they wait at the front of the queue to be recomputed (from the prefix
 cache where it still holds their blocks).
+
+After the forward pass, `update_from_output` is the one place where what the step did lands on the sequences:
+their computed counts, their new tokens, the drafts kept and the KV slots of rejected ones released, the full
+blocks registered in the prefix cache, parallel samples forked, stop rules applied and finished sequences freed.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+
+import torch
 
 from backend.core.block_manager import BlockManager
-from backend.core.request import Sequence, SequenceStatus
+from backend.core.request import FinishReason, Sequence, SequenceStatus
+from backend.core.runner_output import ModelRunnerOutput
+from backend.core.scheduler_output import ScheduledSeq, SchedulerOutput
 
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int  # tokens to compute this step, draft tokens included
-    num_spec_tokens: int = 0  # draft tokens to verify (the last ones of num_new_tokens)
-    num_accepted: int = 0  # of those, accepted by verification (set by SpeculativeDecoder.verify)
-
-    def __post_init__(self):
-        self.start = self.seq.num_computed_tokens  # first position computed this step
-        # After this step the KV covers every token but the last, so the sequence samples.
-        self.samples = self.start + self.num_new_tokens - self.num_spec_tokens >= self.seq.num_tokens
-        self.is_prefill = self.start < self.seq.num_prompt_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+# The stop rules a new token is checked against (OutputProcessor.on_token): the reason it ends the sequence, or
+# None. Called with the token already appended, its logits row and its logprobs entry (None when not tracked).
+StopRule = Callable[[Sequence, int, torch.Tensor, "dict | None"], "FinishReason | None"]
 
 
 class Scheduler:
@@ -127,6 +115,7 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             self.block_manager.admit(seq, cached)
+            seq.num_computed_tokens = seq.num_cached_prompt_tokens
             self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -141,33 +130,76 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Free the sequence's blocks and requeue it first; it will be recomputed."""
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def take_unforked(self, seq: Sequence) -> list[Sequence]:
+    def unforked(self, seq: Sequence) -> list[Sequence]:
+        """The parallel samples waiting for `seq`'s prompt: they sample from its logits row when it first samples."""
+        return self._unforked.get(seq.seq_id, [])
+
+    def _take_unforked(self, seq: Sequence) -> list[Sequence]:
         """The parallel samples waiting for `seq`'s prompt (none once taken), their reserved slots released."""
         self.reserved_slots -= self._reserved.pop(seq.seq_id, 0)
         return self._unforked.pop(seq.seq_id, [])
 
-    def add_forked(self, children: list[Sequence]) -> None:
-        """Parallel samples that now share their parent's blocks join the running batch."""
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """Its prompt is in: the parallel samples share its blocks and join the running batch."""
+        children = self._take_unforked(parent)
         for child in children:
+            self.block_manager.fork(parent, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.draft_num_computed = parent.draft_num_computed
             child.status = SequenceStatus.RUNNING
             self.running.append(child)
+        return children
 
     def release_reservation(self, request) -> None:
         """Forget the parallel samples a request will no longer fork (it was aborted)."""
         if request.sequences:
-            self.take_unforked(request.sequences[0])
+            self._take_unforked(request.sequences[0])
 
-    def finish(self, seq: Sequence) -> None:
+    def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput, stop_rule: StopRule) -> None:
+        """Apply what the step did. A verified sequence keeps the KV of its accepted drafts (the rest is released);
+        a sequence that samples for the first time forks its parallel samples; each new token is appended and
+        checked against `stop_rule`, and a sequence it stops is finished (its later tokens dropped)."""
+        for s in sched.scheduled:
+            seq = s.seq
+            if s.num_spec_tokens:
+                seq.num_computed_tokens = seq.num_tokens + output.num_accepted[seq.seq_id]
+                seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
+                self.block_manager.trim(seq)
+            else:
+                seq.num_computed_tokens += s.num_new_tokens
+            self.block_manager.commit(seq)
+            children = self._fork(seq) if s.samples else []
+            if s.samples and seq.params.max_tokens == 0:  # a prompt scored for its logprobs: no token
+                for member in [seq, *children]:
+                    self.finish(member, FinishReason.LENGTH)
+        for result in output.sampled:
+            seq, reason = result.seq, None
+            for i, token_id in enumerate(result.token_ids):
+                seq.token_ids.append(token_id)
+                entry = result.logprobs[i] if result.logprobs is not None else None
+                reason = stop_rule(seq, token_id, output.logits[result.rows[i]], entry)
+                if reason is not None:
+                    break
+            self.block_manager.commit(seq)  # blocks filled by accepted drafts: their hashes need those tokens
+            if reason is not None:
+                self.finish(seq, reason)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Remove a finished or aborted sequence wherever it is and free its blocks."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _free(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = seq.draft_num_computed = 0

@@ -20,7 +20,9 @@ from backend.core.fault_injection import FaultInjector
 from backend.core.metrics import EngineMetrics
 from backend.core.output_processor import OutputProcessor
 from backend.core.request import FinishReason, Request, RequestOutput, Sequence
-from backend.core.scheduler import Scheduler, SchedulerOutput
+from backend.core.runner_output import ModelRunnerOutput, SampledTokens
+from backend.core.scheduler import Scheduler
+from backend.core.scheduler_output import SchedulerOutput
 from backend.engine import prompt_outputs
 from backend.engine.adapters import Adapters
 from backend.engine.model_loading import eos_token_ids, make_proposer, model_folder, resolve_weights
@@ -87,15 +89,11 @@ class LLMEngine:
         self.sampler = Sampler(shape.vocab_size, self.eos_token_ids)
         self.vocab_size = shape.vocab_size
         self.structured = StructuredOutput(config.model, shape.vocab_size)
-        self.outputs = OutputProcessor(
-            self.scheduler, self.sampler, self.metrics, self.eos_token_ids, self.max_model_len
-        )
+        self.outputs = OutputProcessor(self.sampler, self.metrics, self.eos_token_ids, self.max_model_len)
         proposer = make_proposer(config, self.requested_quantization, num_blocks, self.vocab_size, self.sampler)
         self.spec: SpeculativeDecoder | None = None
         if proposer is not None:
-            self.spec = SpeculativeDecoder(
-                config, proposer, self.sampler, self.block_manager, self.outputs, self.metrics, self.max_model_len
-            )
+            self.spec = SpeculativeDecoder(config, proposer, self.sampler, self.metrics, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
         self.watchers = StepWatchers()  # live viewers of the batch (step_records.py)
@@ -270,7 +268,7 @@ class LLMEngine:
         self.scheduler.release_reservation(request)
         for seq in request.sequences:
             if not seq.is_finished:
-                self.outputs.finish(seq, FinishReason.ABORT)
+                self.scheduler.finish(seq, FinishReason.ABORT)
 
     # ---- one step -------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -292,15 +290,17 @@ class LLMEngine:
             now = time.time_ns()
             for item in sched.scheduled:
                 item.seq.request.stats.first_scheduled_ns = item.seq.request.stats.first_scheduled_ns or now
+            output = ModelRunnerOutput()
             try:
-                self._run(sched)
+                sched, output = self._run(sched)
+                self.scheduler.update_from_output(sched, output, self.outputs.on_token)
             except Exception as exc:  # fail this step's requests, keep serving the others
                 log.exception("engine step failed")
                 for item in sched.scheduled:
                     self._abort(item.seq.request, ErrorText(f"internal error while generating: {exc}", INTERNAL))
             for item in sched.scheduled:
                 touched[item.seq.request.request_id] = item.seq.request
-            self._record_step(sched, started)
+            self._record_step(sched, output, started)
         else:  # nothing to run: perhaps only grammars compiling
             self.structured.wait(self.requests.values(), timeout_s=0.05)
         outputs = [out for r in touched.values() if (out := self._collect(r)) is not None]
@@ -308,62 +308,37 @@ class LLMEngine:
         self.metrics.flush()
         return outputs
 
-    def _run(self, sched: SchedulerOutput) -> None:
+    def _run(self, sched: SchedulerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput]:
+        """Propose drafts, run the forward pass, record prompt outputs, sample and verify: the step as it ran (its
+        drafts in) and what it produced. Changes no sequence: `Scheduler.update_from_output` applies it."""
         copies = self.block_manager.take_pending_copies()
         self.runner.copy_blocks(copies)
         if self.spec is not None:
-            self.spec.propose(sched, copies)
+            sched = self.spec.propose(sched, copies)
         self.faults.before_forward(s.seq.request.prompt for s in sched.scheduled)
-        items, prompt_rows = [], []
-        for s in sched.scheduled:
-            seq = s.seq
-            tokens = seq.token_ids[s.start : s.start + s.num_new_tokens - s.num_spec_tokens] + seq.spec_token_ids
-            prompt_rows.append(prompt_outputs.prompt_rows(s))
-            num_logits = prompt_rows[-1] + (s.num_spec_tokens + 1 if s.samples else 0)
-            items.append(ForwardItem(tokens, s.start, seq.block_table, num_logits, seq.request.adapter))
+        items = [
+            ForwardItem(s.token_ids, s.start, s.seq.block_table, s.num_logits, s.seq.request.adapter)
+            for s in sched.scheduled
+        ]
         logits = self.runner.forward(items)
-        if prompt_outputs.wanted(sched.scheduled, prompt_rows):
-            logits = prompt_outputs.take_prompt_outputs(self.sampler, sched.scheduled, prompt_rows, logits)
-        self.structured.mask_logits(sched.scheduled, logits)
-        verifying, sampling, row = [], [], 0
-        for s in sched.scheduled:
-            seq = s.seq
+        if prompt_outputs.wanted(sched.scheduled):
+            logits = prompt_outputs.take_prompt_outputs(self.sampler, sched.scheduled, logits)
+        self.structured.mask_logits(sched, logits)
+        output = ModelRunnerOutput(logits)
+        verifying, sampling = [], []
+        for s, row in zip(sched.scheduled, sched.sample_rows):
             if s.num_spec_tokens:
-                verifying.append((s, logits[row : row + s.num_spec_tokens + 1]))
-                row += s.num_spec_tokens + 1
-                continue
-            seq.num_computed_tokens += s.num_new_tokens
-            self.block_manager.commit(seq)
-            if s.samples:
-                sampling += [(member, row) for member in self._family(seq)]
-                row += 1
+                verifying.append((s, row))
+            elif s.samples and s.seq.params.max_tokens > 0:  # max_tokens 0: a prompt scored, no token
+                sampling += [(member, row) for member in [s.seq, *self.scheduler.unforked(s.seq)]]
         if verifying:
-            self.spec.verify(verifying)
-        self._sample(sampling, logits)
-
-    def _family(self, seq: Sequence) -> list[Sequence]:
-        """The sequences that sample from `seq`'s logits row: itself, and once its prompt is in, the parallel
-        samples that now share its blocks."""
-        children = self.scheduler.take_unforked(seq)
-        for child in children:
-            self.block_manager.fork(seq, child)
-        self.scheduler.add_forked(children)
-        return [seq] + children
-
-    def _sample(self, sampling: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
-        """A token for every (sequence, logits row) of the step, sampled as one batch."""
-        sampling = [(seq, row) for seq, row in sampling if not self._scored_only(seq)]
-        if not sampling:
-            return
-        rows = [row for _, row in sampling]
-        tokens = self.sampler.sample(take_rows(logits, rows), [seq.sampling_row() for seq, _ in sampling])
-        self.outputs.append_rows(logits, [(seq, token, row) for (seq, row), token in zip(sampling, tokens)])
-
-    def _scored_only(self, seq: Sequence) -> bool:
-        """A prompt scored for its prompt_logprobs with max_tokens 0 finishes without a token."""
-        if seq.params.max_tokens == 0:
-            self.outputs.finish(seq, FinishReason.LENGTH)
-        return seq.params.max_tokens == 0
+            self.spec.verify(verifying, logits, output)
+        if sampling:
+            rows = [row for _, row in sampling]
+            tokens = self.sampler.sample(take_rows(logits, rows), [seq.sampling_row() for seq, _ in sampling])
+            output.sampled += [SampledTokens(seq, [token], [row]) for (seq, row), token in zip(sampling, tokens)]
+        self.outputs.add_logprobs(output)
+        return sched, output
 
     # ---- outputs and statistics -----------------------------------------------------------------------
     def _collect(self, request: Request) -> RequestOutput | None:
@@ -374,7 +349,7 @@ class LLMEngine:
                 self.adapters.release(request.adapter)
         return output
 
-    def _record_step(self, sched: SchedulerOutput, started: float) -> None:
+    def _record_step(self, sched: SchedulerOutput, output: ModelRunnerOutput, started: float) -> None:
         self.metrics.inc("llm_engine_steps_total")
         self.metrics.observe("llm_step_num_sequences", len(sched.scheduled))
         self.metrics.observe("llm_step_num_tokens", sched.num_batched_tokens)
@@ -390,7 +365,12 @@ class LLMEngine:
                 stats.blocks_reused = seq.num_cached_prompt_tokens // self.config.block_size
         if self.watchers.active or self.config.log_batch_visualization:  # no record unless someone looks
             record = step_record(
-                self.num_steps, sched, self.scheduler, self.config.max_num_batched_tokens, time.perf_counter() - started
+                self.num_steps,
+                sched,
+                output.num_accepted,
+                self.scheduler,
+                self.config.max_num_batched_tokens,
+                time.perf_counter() - started,
             )
             self.watchers.publish(record)
             if self.config.log_batch_visualization:

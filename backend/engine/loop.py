@@ -166,4 +166,4 @@ class EngineLoop:
 
 
 def _error_output(request: Request, error: str) -> RequestOutput:
-    return RequestOutput(request.request_id, [], len(request.prompt_token_ids), True, error, request)
+    return RequestOutput(request.request_id, [], len(request.prompt_token_ids), True, error, request.key)

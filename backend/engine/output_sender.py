@@ -25,7 +25,7 @@ class OutputSender:
     def __init__(self, sweep_interval_s: float = 0.1):
         self.sweep_interval_s = sweep_interval_s
         self._queue: deque[RequestOutput] = deque()
-        self._in_flight: dict[int, Request] = {}  # by id(): request ids need not be unique
+        self._in_flight: dict[int, Request] = {}  # by Request.key: request ids need not be unique
         self._last_sweep = time.monotonic()
         self._failed: set[int] = set()  # requests whose delivery raised: nothing more is sent to them
         self._ready = threading.Condition()
@@ -34,9 +34,10 @@ class OutputSender:
         self._thread.start()
 
     def track(self, request: Request) -> None:
-        """Watch `request` for cancellation until its final output is sent."""
+        """Deliver `request`'s outputs (they name it by its key) and watch it for cancellation until its final
+        output is sent; before its first output is put."""
         with self._ready:
-            self._in_flight[id(request)] = request
+            self._in_flight[request.key] = request
 
     def put(self, output: RequestOutput) -> None:
         with self._ready:
@@ -65,8 +66,12 @@ class OutputSender:
                 return
 
     def _deliver(self, output: RequestOutput) -> None:
-        request = output.request
-        key = id(request)
+        key = output.key
+        with self._ready:
+            request = self._in_flight.get(key)
+        if request is None:
+            log.error("an output for request %s, which is not tracked, was dropped", output.request_id)
+            return
         if key not in self._failed:
             try:
                 request.on_output(output)
@@ -98,7 +103,6 @@ def merge_outputs(outputs: list[RequestOutput]) -> list[RequestOutput]:
     """Fold the outputs of each request into one, in order (a stream's deltas concatenate)."""
     merged: dict[int, RequestOutput] = {}
     for output in outputs:
-        key = id(output.request)
-        earlier = merged.get(key)
-        merged[key] = output if earlier is None else earlier.followed_by(output)
+        earlier = merged.get(output.key)
+        merged[output.key] = output if earlier is None else earlier.followed_by(output)
     return list(merged.values())

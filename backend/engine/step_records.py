@@ -18,21 +18,28 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from backend.core.scheduler import Scheduler, SchedulerOutput
+    from backend.core.scheduler import Scheduler
+    from backend.core.scheduler_output import SchedulerOutput
 
 PREFILL, DECODE, VERIFY = "prefill", "decode", "verify"
 
 
 def step_record(
-    step: int, sched: SchedulerOutput, scheduler: Scheduler, token_budget: int, step_time_s: float = 0.0
+    step: int,
+    sched: SchedulerOutput,
+    num_accepted: dict[int, int],
+    scheduler: Scheduler,
+    token_budget: int,
+    step_time_s: float = 0.0,
 ) -> dict:
-    """The record of step number `step`. Queue and KV figures are read after the step (as the metric gauges)."""
+    """The record of step number `step` (`num_accepted`: each verified sequence's accepted drafts, by seq_id).
+    Queue and KV figures are read after the step (as the metric gauges)."""
     seqs = []
     for s in sched.scheduled:
         seq = s.seq
         entry = {"request_id": seq.request.request_id, "sample": seq.sample_index, "tokens": s.num_new_tokens}
         if s.num_spec_tokens:
-            entry.update(kind=VERIFY, drafted=s.num_spec_tokens, accepted=s.num_accepted)
+            entry.update(kind=VERIFY, drafted=s.num_spec_tokens, accepted=num_accepted.get(seq.seq_id, 0))
         elif s.is_prefill or s.num_new_tokens > 1:  # a prompt chunk, or recomputation after preemption
             entry.update(
                 kind=PREFILL, start=s.start, end=s.start + s.num_new_tokens, prompt_tokens=seq.num_prompt_tokens

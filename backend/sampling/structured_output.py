@@ -172,16 +172,14 @@ class StructuredOutput:
             concurrent.futures.wait(pending, timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
 
     @torch.inference_mode()  # the runner's logits are inference tensors
-    def mask_logits(self, scheduled: list, logits: torch.Tensor) -> None:
-        """Mask, in place, the rows of `logits` (laid out as the runner returns them: k + 1 rows for each
-        scheduled sequence that samples) that belong to constrained sequences."""
-        entries, row = [], 0
-        for s in scheduled:
-            if not s.samples:
-                continue
-            if s.seq.matcher is not None:
-                entries.append((s.seq.matcher, row, list(s.seq.spec_token_ids)))
-            row += s.num_spec_tokens + 1
+    def mask_logits(self, sched, logits: torch.Tensor) -> None:
+        """Mask, in place, the rows of `logits` (a step's sampled rows: `sched.sample_rows[i]` is where scheduled
+        sequence i's k + 1 rows start) that belong to constrained sequences."""
+        entries = [
+            (s.seq.matcher, row, list(s.draft.token_ids))
+            for s, row in zip(sched.scheduled, sched.sample_rows)
+            if s.samples and s.seq.matcher is not None
+        ]
         if not entries:
             return
         if self._executor is None:

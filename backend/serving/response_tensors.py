@@ -63,7 +63,12 @@ def prompt_logprobs(entries: list[dict | None] | None, token_text: TokenTexts) -
 
 
 def response_arrays(
-    output: RequestOutput, samples: list[SampleOutput], wanted: frozenset[str], token_text: TokenTexts, prefix: str = ""
+    output: RequestOutput,
+    samples: list[SampleOutput],
+    wanted: frozenset[str],
+    token_text: TokenTexts,
+    prefix: str = "",
+    skip_special_tokens: bool = True,
 ) -> dict[str, np.ndarray]:
     """The output tensors of one response for `samples` (one per stream response, all `n` otherwise):
     text_output, output_ids and sample_index always, each name in `wanted` (wire.OPTIONAL_OUTPUTS)
@@ -71,7 +76,6 @@ def response_arrays(
     ids = [s.token_ids for s in samples]
     width = max(len(x) for x in ids)
     id_array = np.array([x + [-1] * (width - len(x)) for x in ids], dtype=np.int32)
-    skip_special = output.request.params.skip_special_tokens if output.request is not None else True
 
     def texts(values) -> np.ndarray:
         return np.array([v.encode() for v in values], dtype=object)
@@ -80,12 +84,12 @@ def response_arrays(
         "finish_reason": lambda: texts(s.finish_reason.value if s.finish_reason else NO_FINISH_REASON for s in samples),
         "cumulative_logprob": lambda: np.array([s.cumulative_logprob for s in samples], dtype=np.float32),
         "logprobs": lambda: texts(
-            json.dumps(vllm_logprobs(s.logprobs, lambda t: token_text(t, skip_special))) for s in samples
+            json.dumps(vllm_logprobs(s.logprobs, lambda t: token_text(t, skip_special_tokens))) for s in samples
         ),
         "num_input_tokens": lambda: np.array([output.num_input_tokens], dtype=np.uint32),
         "num_output_tokens": lambda: np.array([len(s.token_ids) for s in samples], dtype=np.uint32),
         "prompt_logprobs": lambda: texts([json.dumps(prompt_logprobs(output.prompt_logprobs, token_text))]),
-        "perf_metrics": lambda: texts([json.dumps(output.request.stats.as_dict())]),
+        "perf_metrics": lambda: texts([json.dumps(output.stats.as_dict())]),
         "context_logits": lambda: None if output.context_logits is None else torch.cat(output.context_logits).numpy(),
         "generation_logits": lambda: generation_logits(samples),
     }

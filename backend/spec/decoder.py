@@ -3,7 +3,8 @@ for them, and turning the target's logits over the k + 1 verified positions into
 
 The target verifies a sequence's k draft tokens in the same ragged forward pass that carries everyone
 else's prefill chunks and decodes; the rejection sampler (`rejection_sampler.py`) keeps the output
-distributed exactly as the target's, and the KV of rejected positions is rolled back. With `spec_adaptive`,
+distributed exactly as the target's, and the KV of rejected positions is rolled back (by
+`Scheduler.update_from_output`, from the accepted counts). With `spec_adaptive`,
 each sequence's draft length follows its own recent acceptance (`spec/policy.py`).
 """
 
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from backend.core.block_manager import BlockManager
 from backend.core.config import EngineConfig
 from backend.core.metrics import EngineMetrics
-from backend.core.output_processor import OutputProcessor
 from backend.core.request import Sequence
-from backend.core.scheduler import ScheduledSeq, SchedulerOutput
+from backend.core.runner_output import ModelRunnerOutput, SampledTokens
+from backend.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from backend.sampling.sampler import Sampler, argmax_rows
 from backend.spec.policy import AdaptivePolicy
 from backend.spec.proposers import Proposer
@@ -29,16 +29,12 @@ class SpeculativeDecoder:
         config: EngineConfig,
         proposer: Proposer,
         sampler: Sampler,
-        block_manager: BlockManager,
-        outputs: OutputProcessor,
         metrics: EngineMetrics,
         max_model_len: int,
     ):
         self.config = config
         self.proposer = proposer
         self.sampler = sampler
-        self.block_manager = block_manager
-        self.outputs = outputs
         self.metrics = metrics
         self.max_model_len = max_model_len
         self.policy = None
@@ -62,63 +58,53 @@ class SpeculativeDecoder:
         cap = max(0, min(k, remaining))
         return self.policy.draft_length(seq, cap) if self.policy is not None else cap
 
-    def propose(self, sched: SchedulerOutput, copies: list[tuple[int, int]]) -> None:
-        """Ask the proposer for drafts; a sequence that gets fewer than asked verifies fewer."""
+    def propose(self, sched: SchedulerOutput, copies: list[tuple[int, int]]) -> SchedulerOutput:
+        """The step with the proposer's drafts; a sequence that gets fewer than asked verifies fewer."""
         self.proposer.copy_blocks(copies)
         speculating = [s for s in sched.scheduled if s.num_spec_tokens]
-        for s in sched.scheduled:
-            s.seq.spec_token_ids = []
-        self.proposer.propose([(s.seq, s.num_spec_tokens) for s in speculating])
-        for s in speculating:
-            unused = s.num_spec_tokens - len(s.seq.spec_token_ids)
-            s.num_new_tokens -= unused
-            s.num_spec_tokens -= unused
+        drafts = self.proposer.propose([(s.seq, s.num_spec_tokens) for s in speculating])
+        return sched.with_drafts({s.seq.seq_id: draft for s, draft in zip(speculating, drafts)})
 
-    def verify(self, verifying: list[tuple[ScheduledSeq, torch.Tensor]]) -> None:
-        """For each (speculating sequence, its logits [k + 1, V]): accept a prefix of the draft, roll the KV back
-        past it, and append the emitted tokens. The k + 1 rows of every sequence are processed as one batch."""
-        rows = [
-            s.seq.sampling_row(s.seq.spec_token_ids[:i])
-            for s, _ in verifying
-            for i in range(len(s.seq.spec_token_ids) + 1)
-        ]
-        processed = self.sampler.process_logits(torch.cat([logits for _, logits in verifying]), rows)
-        sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
-        probs = self.sampler.probs(processed[sampled], [rows[i] for i in sampled]) if sampled else None
-        first = 0
-        for s, logits in verifying:
-            count = len(s.seq.spec_token_ids) + 1
-            target = processed[first : first + count]
-            if not s.seq.params.greedy:
-                start = sampled.index(first)
-                target = probs[start : start + count]
-            self._accept(s, logits, target)
-            first += count
+    def verify(
+        self, verifying: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, output: ModelRunnerOutput
+    ) -> None:
+        """For each (speculating sequence, its first row of `logits`; k + 1 rows each): the accepted prefix of its
+        draft and the token after it, added to `output`. The rows of every sequence are processed as one batch:
+        one argmax over the greedy ones, one rejection-sampling pass over the sampled ones."""
+        rows = [s.seq.sampling_row(s.draft.token_ids[:i]) for s, _ in verifying for i in range(s.num_spec_tokens + 1)]
+        processed = self.sampler.process_logits(
+            torch.cat([logits[r : r + s.num_sampled_rows] for s, r in verifying]), rows
+        )
+        greedy = [s.seq.params.greedy for s, _ in verifying]
+        results = dict.fromkeys(range(len(verifying)))
+        if any(greedy):
+            argmax, first = argmax_rows(processed), 0
+            for i, (s, _) in enumerate(verifying):
+                if greedy[i]:
+                    results[i] = verify_greedy(argmax[first : first + s.num_sampled_rows], s.draft.token_ids)
+                first += s.num_sampled_rows
+        if not all(greedy):
+            sampled_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
+            probs = self.sampler.probs(processed[sampled_rows], [rows[i] for i in sampled_rows])
+            sampled = [i for i in range(len(verifying)) if not greedy[i]]
+            drafts = [verifying[i][0].draft for i in sampled]
+            generators = [verifying[i][0].seq.generator for i in sampled]
+            verified = verify_sampled(probs, [d.token_ids for d in drafts], [d.probs for d in drafts], generators)
+            results.update(zip(sampled, verified))
+        for i, (s, row) in enumerate(verifying):
+            result = results[i]
+            output.sampled.append(SampledTokens(s.seq, result.tokens, list(range(row, row + len(result.tokens)))))
+            output.num_accepted[s.seq.seq_id] = result.num_accepted
+            self._observe(s.seq, len(s.draft.token_ids), result.num_accepted)
 
-    def _accept(self, s: ScheduledSeq, logits: torch.Tensor, target: torch.Tensor) -> None:
-        """`target`: the processed logits (greedy) or the distributions (sampled) of the k + 1 positions."""
-        seq = s.seq
-        drafts = seq.spec_token_ids
-        num_tokens = seq.num_tokens
-        if seq.params.greedy:
-            result = verify_greedy(argmax_rows(target), drafts)
-        else:
-            result = verify_sampled(target, drafts, seq.spec_draft_probs, seq.generator)
-        s.num_accepted = result.num_accepted
+    def _observe(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """The adaptive policy, the request's statistics and the metrics learn how a verification went."""
         if self.policy is not None:
-            self.policy.observe(seq, len(drafts), result.num_accepted)
-        seq.num_computed_tokens = num_tokens + result.num_accepted  # KV of rejected positions is dropped
-        seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
-        seq.spec_token_ids = []
-        self.block_manager.trim(seq)
-        self.block_manager.commit(seq)
-        seq.request.stats.draft_tokens += len(drafts)
-        seq.request.stats.accepted_tokens += result.num_accepted
+            self.policy.observe(seq, num_drafted, num_accepted)
+        seq.request.stats.draft_tokens += num_drafted
+        seq.request.stats.accepted_tokens += num_accepted
         self.metrics.inc("llm_spec_decode_num_drafts_total")
-        self.metrics.inc("llm_spec_decode_num_draft_tokens_total", len(drafts))
-        self.metrics.inc("llm_spec_decode_num_accepted_tokens_total", result.num_accepted)
-        for position in range(result.num_accepted):
+        self.metrics.inc("llm_spec_decode_num_draft_tokens_total", num_drafted)
+        self.metrics.inc("llm_spec_decode_num_accepted_tokens_total", num_accepted)
+        for position in range(num_accepted):
             self.metrics.inc("llm_spec_decode_num_accepted_tokens_per_pos_total", labels={"position": position})
-        for i, token_id in enumerate(result.tokens):
-            if self.outputs.append(seq, token_id, logits[i]):
-                break

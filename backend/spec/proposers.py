@@ -1,7 +1,7 @@
 """Draft proposers for speculative decoding, behind one small interface.
 
-A proposer fills `seq.spec_token_ids` (at most the k asked for) and, when its drafts are sampled from a
-distribution, `seq.spec_draft_probs` ([k, V]; None means a deterministic draft, one-hot q).
+A proposer returns a `Draft` per sequence: at most the k tokens asked for and, when they are sampled from a
+distribution, those distributions ([k, V]; None means a deterministic draft, one-hot q).
 """
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from __future__ import annotations
 import torch
 
 from backend.core.request import Sequence
+from backend.core.scheduler_output import Draft
 from backend.model.runner import ForwardItem, ModelRunner
 from backend.sampling.sampler import Sampler, argmax_rows
 
 
 class Proposer:
-    def propose(self, requests: list[tuple[Sequence, int]]) -> None:
-        """For each (sequence, k): propose up to k tokens following the sequence's tokens."""
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[Draft]:
+        """For each (sequence, k): up to k tokens following the sequence's tokens."""
         raise NotImplementedError
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -28,10 +29,8 @@ class NgramProposer(Proposer):
     def __init__(self, min_n: int = 1, max_n: int = 4):
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, requests: list[tuple[Sequence, int]]) -> None:
-        for seq, k in requests:
-            seq.spec_token_ids = self.lookup(seq.token_ids, k)
-            seq.spec_draft_probs = None
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[Draft]:
+        return [Draft(self.lookup(seq.token_ids, k)) for seq, k in requests]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
@@ -54,33 +53,34 @@ class DraftModelProposer(Proposer):
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         self.runner.copy_blocks(copies)
 
-    def propose(self, requests: list[tuple[Sequence, int]]) -> None:
-        for seq, _ in requests:
-            seq.spec_token_ids, seq.spec_draft_probs = [], []
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[Draft]:
+        tokens = {seq.seq_id: [] for seq, _ in requests}
+        probs = {seq.seq_id: [] for seq, _ in requests}
         active = list(requests)
         items = [
             ForwardItem(seq.token_ids[seq.draft_num_computed :], seq.draft_num_computed, seq.block_table, 1)
             for seq, _ in active
         ]
         while active:
-            rows = [seq.sampling_row(seq.spec_token_ids) for seq, _ in active]
+            rows = [seq.sampling_row(tokens[seq.seq_id]) for seq, _ in active]
             logits = self.sampler.process_logits(self.runner.forward(items)[:, : self.sampler.vocab_size], rows)
             sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
-            tokens = argmax_rows(logits)
+            chosen = argmax_rows(logits)
             if sampled:
                 q = self.sampler.probs(logits[sampled], [rows[i] for i in sampled])
                 for i, row_q, token in zip(sampled, q, self.sampler.draw_rows(q, [rows[i] for i in sampled])):
-                    active[i][0].spec_draft_probs.append(row_q)
-                    tokens[i] = token
+                    probs[active[i][0].seq_id].append(row_q)
+                    chosen[i] = token
             still, items = [], []
-            for (seq, k), row, token in zip(active, rows, tokens):
+            for (seq, k), row, token in zip(active, rows, chosen):
                 context = row.context
                 seq.draft_num_computed = len(context)  # the draft's KV now covers every token so far
-                seq.spec_token_ids.append(token)
-                if len(seq.spec_token_ids) < k:
+                tokens[seq.seq_id].append(token)
+                if len(tokens[seq.seq_id]) < k:
                     still.append((seq, k))
                     items.append(ForwardItem([token], len(context), seq.block_table, 1))
             active = still
-        for seq, _ in requests:
-            probs = seq.spec_draft_probs
-            seq.spec_draft_probs = torch.stack(probs) if probs else None
+        return [
+            Draft(tokens[seq.seq_id], torch.stack(probs[seq.seq_id]) if probs[seq.seq_id] else None)
+            for seq, _ in requests
+        ]

@@ -35,24 +35,46 @@ def verify_greedy(target_argmax: list[int], draft_tokens: list[int]) -> Verifica
 
 def verify_sampled(
     target_probs: torch.Tensor,
-    draft_tokens: list[int],
-    draft_probs: torch.Tensor | None,
-    generator: torch.Generator,
-) -> Verification:
-    """target_probs [k + 1, V]; draft_probs [k, V], or None for a deterministic (one-hot) draft."""
-    for i, token in enumerate(draft_tokens):
-        p = target_probs[i]
-        q_token = 1.0 if draft_probs is None else float(draft_probs[i, token])
-        accept_prob = min(1.0, float(p[token]) / q_token) if q_token > 0 else 0.0
-        if float(torch.rand((), generator=generator)) < accept_prob:
-            continue
-        if draft_probs is None:
-            residual = p.clone()
-            residual[token] = 0.0
-        else:
-            residual = torch.clamp(p - draft_probs[i], min=0.0)
-        total = float(residual.sum())
-        residual = residual / total if total > 0 else p  # p == q exactly: any rejection is impossible
-        return Verification(draft_tokens[:i] + [Sampler.draw(residual, generator)], i)
-    bonus = Sampler.draw(target_probs[len(draft_tokens)], generator)
-    return Verification(list(draft_tokens) + [bonus], len(draft_tokens))
+    drafts: list[list[int]],
+    draft_probs: list[torch.Tensor | None],
+    generators: list[torch.Generator],
+) -> list[Verification]:
+    """Verify several sequences' drafts at once. `target_probs`: each sequence's k + 1 rows in turn; `draft_probs`:
+    each one's [k, V], or None for a deterministic (one-hot) draft; `generators`: each one's own. Every draft
+    token's acceptance probability is gathered in one op and each sequence draws its k uniforms in one call;
+    only the token after the accepted prefix (from the residual, or the bonus) is drawn per sequence."""
+    starts, row = [], 0
+    for tokens in drafts:
+        starts.append(row)
+        row += len(tokens) + 1
+    accepted = [[] for _ in drafts]
+    positions = [(start + i, token) for start, tokens in zip(starts, drafts) for i, token in enumerate(tokens)]
+    if positions:
+        rows, tokens = zip(*positions)
+        p = target_probs[list(rows), list(tokens)]
+        q = torch.cat(
+            [
+                torch.ones(len(d)) if qs is None else qs[torch.arange(len(d)), d]
+                for d, qs in zip(drafts, draft_probs)
+                if d
+            ]
+        )
+        accept_prob = torch.where(q > 0, p / q, 0.0).clamp(max=1.0)
+        uniforms = torch.cat([torch.rand(len(d), generator=g) for d, g in zip(drafts, generators) if d])
+        flags, first = (uniforms < accept_prob).tolist(), 0
+        for i, d in enumerate(drafts):
+            accepted[i], first = flags[first : first + len(d)], first + len(d)
+    results = []
+    for tokens, qs, generator, start, flags in zip(drafts, draft_probs, generators, starts, accepted):
+        n = flags.index(False) if False in flags else len(tokens)
+        p = target_probs[start + n]
+        if n < len(tokens):  # rejected at n: draw from normalize(max(0, p - q))
+            if qs is None:
+                residual = p.clone()
+                residual[tokens[n]] = 0.0
+            else:
+                residual = torch.clamp(p - qs[n], min=0.0)
+            total = float(residual.sum())
+            p = residual / total if total > 0 else p  # p == q exactly: any rejection is impossible
+        results.append(Verification(list(tokens[:n]) + [Sampler.draw(p, generator)], n))
+    return results

@@ -1,6 +1,6 @@
 """The two lm-eval runs' outputs and their comparison: accuracy and per-request loglikelihoods read from a run's
 results and sample logs under runs/<side>/, and the in-process run against the served one request by request.
-Standard library only (run.py imports it when run as a script)."""
+Standard library only (run.py imports it in lm-eval's own environment)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from record import HERE, REPO_ROOT, TASK
+from benchmarks.lm_eval.record import HERE, REPO_ROOT, TASK
 
 RUNS_DIR = HERE / "runs"  # lm-eval's outputs (results_*.json, samples_*.jsonl); not kept in git
 TIGHT = 1e-4  # what float32 against float32 over identical weights should reach; reported, not enforced

@@ -1,5 +1,5 @@
 """The record of an lm-eval comparison: versions of lm-eval's environment, the machine, the git revision, and
-results.md / results.json beside this file. Standard library only (run.py imports it when run as a script)."""
+results.md / results.json beside this file. Standard library only (run.py imports it in lm-eval's own environment)."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def write_record(args, versions, hf, served, served_run, hf_run, comparison, mod
     lines = [
         f"# lm-eval: in process (`hf`) vs. the front door (`local-completions`), task `{TASK}`",
         "",
-        f"Written by `python benchmarks/lm_eval/run.py` on {now} (repository {record['git']}); "
+        f"Written by `python -m benchmarks.lm_eval.run` on {now} (repository {record['git']}); "
         "the data behind it is in [results.json](results.json).",
         "",
         f"- lm-eval {v.get('lm_eval')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "

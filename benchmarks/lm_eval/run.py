@@ -1,8 +1,8 @@
 """lm-evaluation-harness through the OpenAI front door vs. in process: the same task, the same loglikelihoods.
 
-    python benchmarks/lm_eval/run.py                  # both runs + the comparison (needs `make serve`)
-    python benchmarks/lm_eval/run.py --skip-served    # only the in-process run (no server needed)
-    python benchmarks/lm_eval/run.py --compare-only   # re-compare the last two runs' sample logs
+    python -m benchmarks.lm_eval.run                  # both runs + the comparison (needs `make serve`)
+    python -m benchmarks.lm_eval.run --skip-served    # only the in-process run (no server needed)
+    python -m benchmarks.lm_eval.run --compare-only   # re-compare the last two runs' sample logs
 
 1. lm-eval's `hf` model scores the task `qa20` (tasks/qa20.yaml: 20 questions of our own, 72 (question,
    choice) loglikelihood requests) in process on models/smollm2-135m-instruct, float32, CPU, batch 1.
@@ -27,7 +27,7 @@
 
 lm-eval runs from its own virtual environment (.venv-lmeval, `make lm-eval-venv`; pins in requirements.txt
 beside this file), offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1): the task's data is the JSONL here.
-This script needs only the standard library.
+It needs only the standard library; run it from the repository root, where the package `benchmarks` is.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from comparison import RUNS_DIR, compare, load_run  # beside this script
-from record import HERE, REPO_ROOT, TASK, venv_versions, write_record
+from benchmarks.lm_eval.comparison import RUNS_DIR, compare, load_run
+from benchmarks.lm_eval.record import HERE, REPO_ROOT, TASK, venv_versions, write_record
 
 DEFAULT_MODEL = "models/smollm2-135m-instruct"
 DEFAULT_BASE_URL = "http://127.0.0.1:9000/v1/completions"

@@ -7,6 +7,9 @@ from collections import Counter
 
 from backend.core.block_manager import BlockManager
 from backend.core.request import Request, Sequence
+from backend.core.runner_output import ModelRunnerOutput
+from backend.core.scheduler import Scheduler
+from backend.core.scheduler_output import ScheduledSeq, SchedulerOutput
 from backend.protocol.sampling_params import SamplingParams
 
 SIZE = 4
@@ -20,18 +23,31 @@ def new_seq(tokens, request_id="r") -> Sequence:
 
 
 def compute(bm: BlockManager, seq: Sequence, n: int | None = None) -> None:
-    """What an engine step does for `seq`: room for n tokens, 'run' them, register full blocks."""
+    """An engine step of n of `seq`'s tokens (no token sampled): room for them, then the scheduler applies the
+    step (computed count, full blocks registered)."""
     n = seq.num_uncomputed_tokens if n is None else n
     assert bm.allocate(seq, n)
-    seq.num_computed_tokens += n
-    bm.commit(seq)
+    step = SchedulerOutput([ScheduledSeq(seq, n)])
+    Scheduler(bm, max_num_seqs=1, max_num_batched_tokens=n).update_from_output(step, ModelRunnerOutput(), None)
+
+
+def admit(bm: BlockManager, seq: Sequence, cached: list[int]) -> None:
+    """A waiting sequence given `cached` prefix blocks; the scheduler counts their tokens as computed."""
+    bm.admit(seq, cached)
+    seq.num_computed_tokens = seq.num_cached_prompt_tokens
+
+
+def fork(bm: BlockManager, parent: Sequence, child: Sequence) -> None:
+    """A parallel sample sharing its parent's blocks; the scheduler gives it the parent's computed count."""
+    bm.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens
 
 
 def admit_and_compute(bm: BlockManager, tokens, request_id="r") -> Sequence:
     seq = new_seq(tokens, request_id)
     cached = bm.match_prefix(seq.token_ids)
     assert bm.can_admit(seq, cached, seq.num_tokens - len(cached) * SIZE)
-    bm.admit(seq, cached)
+    admit(bm, seq, cached)
     compute(bm, seq)
     return seq
 

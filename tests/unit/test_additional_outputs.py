@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from backend import LLMEngine, SamplingParams
-from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
+from backend.core.request import FinishReason, RequestOutput, RequestStats, SampleOutput
 from backend.protocol.wire import OPTIONAL_OUTPUTS
 from backend.serving.response_tensors import TokenTexts, response_arrays, vllm_logprobs
 from frontend.triton_stream import _deltas
@@ -27,10 +27,8 @@ def entry(token_id, logprob, rank, top=None) -> dict:
     return e
 
 
-def output(samples, params=None, num_input=4, context_logits=None) -> RequestOutput:
-    params = params if params is not None else SamplingParams(logprobs=1)
-    request = Request("r", "p", [1] * num_input, params, stream=True)
-    return RequestOutput("r", samples, num_input, False, None, request, context_logits=context_logits)
+def output(samples, num_input=4, context_logits=None) -> RequestOutput:
+    return RequestOutput("r", samples, num_input, False, None, 1, context_logits=context_logits, stats=RequestStats())
 
 
 def text_of(token_id, skip_special_tokens=True) -> str:
@@ -78,9 +76,7 @@ def test_a_response_holds_only_the_outputs_asked_for():
 def test_null_logprobs_finish_reasons_and_samples_side_by_side():
     done = SampleOutput(0, "x", [3], FinishReason.STOP, 1, None, -0.5)
     cut = SampleOutput(1, "yz", [4, 5], FinishReason.LENGTH, 2, None, -0.7)
-    arrays = response_arrays(
-        output([done, cut], SamplingParams()), [done, cut], frozenset(OPTIONAL_OUTPUTS), text_of, prefix="P: "
-    )
+    arrays = response_arrays(output([done, cut]), [done, cut], frozenset(OPTIONAL_OUTPUTS), text_of, prefix="P: ")
     assert arrays["logprobs"].tolist() == [b"null", b"null"]  # return_logprobs without `logprobs`
     assert arrays["finish_reason"].tolist() == [b"stop", b"length"]
     assert arrays["num_output_tokens"].tolist() == [1, 2] and arrays["sample_index"].tolist() == [0, 1]
@@ -186,7 +182,7 @@ def test_prompt_logprobs_go_out_once_in_vllm_shape_and_come_back():
     position's token from its first key."""
     sample = SampleOutput(0, "a", [7], None, 1, None)
     scored = [None, entry(5, -1.5, 3, {2: -0.5, 5: -1.5}), entry(6, -0.25, 1, {6: -0.25, 2: -2.0})]
-    carrying = RequestOutput("r", [sample], 3, False, None, output([sample]).request, scored)
+    carrying = RequestOutput("r", [sample], 3, False, None, 1, scored, stats=RequestStats())
     arrays = response_arrays(carrying, [sample], frozenset({"prompt_logprobs"}), text_of)
     assert json.loads(arrays["prompt_logprobs"][0]) == [
         None,

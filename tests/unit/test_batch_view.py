@@ -80,7 +80,7 @@ def test_describe_is_the_log_line(make_engine):
     engine.add_request(request)
     total = len(request.prompt_token_ids)
     sched = engine.scheduler.schedule()
-    line = describe(step_record(engine.num_steps, sched, engine.scheduler, engine.config.max_num_batched_tokens))
+    line = describe(step_record(engine.num_steps, sched, {}, engine.scheduler, engine.config.max_num_batched_tokens))
     assert f"[viz#0 prefill 0:16/{total} 16t]" in line and "16/16 tokens" in line
     engine.abort("viz")
     record = run_watched(engine, [engine.build_request("viz2", "Hi", SamplingParams(temperature=0, max_tokens=2))])

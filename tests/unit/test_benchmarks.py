@@ -17,7 +17,9 @@ import pytest
 
 from benchmarks import llama_cpp_build, vs_llama_cpp
 from benchmarks.common import LoadResult
-from benchmarks.harness import MAIN_MODEL, Bench, make_settings
+from benchmarks.context import Bench
+from benchmarks.settings import make_settings
+from benchmarks.variants import MAIN_MODEL
 
 FAKE_DECODE_TOK_S = 100.0
 

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from backend.core.block_manager import BlockManager
 from backend.core.request import Sequence
-from tests.unit.block_pool import SIZE, admit_and_compute, new_seq, refs_from_tables
+from tests.unit.block_pool import SIZE, admit, admit_and_compute, fork, new_seq, refs_from_tables
 
 # ------------------------------------------------------------------------------------------ allocation
 
@@ -33,7 +33,7 @@ def test_allocate_and_free():
     assert len(seq.block_table) == 4
     table = list(seq.block_table)
     bm.free(seq)
-    assert seq.block_table == [] and seq.num_computed_tokens == 0
+    assert seq.block_table == []  # (its computed count goes back to 0 in the scheduler: test_scheduler.py)
     assert bm.num_used_blocks == 0 and bm.num_free_blocks == 8
     assert all(bm.blocks[b].ref_count == 0 for b in table)
 
@@ -68,9 +68,9 @@ def test_fork_shares_and_copy_on_write():
     bm = BlockManager(8, SIZE)
     parent = admit_and_compute(bm, list(range(6)))  # blocks [full, 2 of 4]
     child = new_seq(list(range(6)))
-    bm.fork(parent, child)
+    fork(bm, parent, child)
     assert child.block_table == parent.block_table
-    assert child.num_computed_tokens == 6 and child.block_hashes == parent.block_hashes
+    assert child.block_hashes == parent.block_hashes  # (its computed count: the scheduler's, test_scheduler.py)
     assert [bm.blocks[b].ref_count for b in parent.block_table] == [2, 2]
     assert bm.num_used_blocks == 2
     head, tail = parent.block_table
@@ -96,7 +96,7 @@ def test_fork_at_a_block_boundary_needs_no_copy():
     bm = BlockManager(8, SIZE)
     parent = admit_and_compute(bm, list(range(8)))
     child = new_seq(list(range(8)))
-    bm.fork(parent, child)
+    fork(bm, parent, child)
     parent.token_ids.append(1)
     child.token_ids.append(2)
     assert bm.allocate(parent, 1) and bm.allocate(child, 1)
@@ -110,7 +110,7 @@ def test_copy_on_write_needs_a_free_block():
     bm = BlockManager(2, SIZE)
     parent = admit_and_compute(bm, list(range(6)))
     child = new_seq(list(range(6)))
-    bm.fork(parent, child)
+    fork(bm, parent, child)
     assert bm.num_free_blocks == 0
     assert not bm.allocate(parent, 1)
     assert bm.pending_copies == [] and parent.block_table == child.block_table
@@ -181,7 +181,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         if not self.bm.can_admit(seq, cached, num_new):
             return
         self.waiting.remove(seq)
-        self.bm.admit(seq, cached)
+        admit(self.bm, seq, cached)
         assert self.bm.allocate(seq, num_new), "can_admit promised room"
         self._apply_copies()
         self._write(seq, num_new)
@@ -207,7 +207,8 @@ class BlockPoolMachine(RuleBasedStateMachine):
     def preempt_seq(self, seq):
         self.running.remove(seq)
         self.bm.free(seq)
-        assert seq.block_table == [] and seq.num_computed_tokens == 0
+        assert seq.block_table == []
+        seq.num_computed_tokens = 0  # recomputed from the start (the scheduler's part of a preemption)
         self.waiting.insert(0, seq)
 
     @precondition(lambda self: self.running)
@@ -222,7 +223,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         child = Sequence(parent.request, len(parent.request.sequences), detokenizer=None)
         parent.request.sequences.append(child)
         child.token_ids = list(parent.token_ids)
-        self.bm.fork(parent, child)
+        fork(self.bm, parent, child)
         self.running.append(child)
 
     @precondition(lambda self: self.running)

@@ -4,7 +4,8 @@ eviction, duplicates, and caching switched off."""
 from __future__ import annotations
 
 from backend.core.block_manager import BlockManager, chain_hash
-from tests.unit.block_pool import SIZE, admit_and_compute, compute, new_seq
+from backend.core.scheduler import Scheduler
+from tests.unit.block_pool import SIZE, admit, admit_and_compute, compute, new_seq
 
 # ----------------------------------------------------------------------------------------- prefix cache
 
@@ -38,7 +39,9 @@ def test_longest_cached_prefix_is_reused():
     assert bm.match_prefix([0, 1, 2, 99, 4, 5, 6, 7]) == []
     b = new_seq(list(range(13)) + [50, 51, 52])
     cached = bm.match_prefix(b.token_ids)
-    bm.admit(b, cached)
+    scheduler = Scheduler(bm, max_num_seqs=1, max_num_batched_tokens=64)
+    scheduler.add(b)
+    assert scheduler.schedule().scheduled[0].start == 12  # admitted with the cached prefix computed
     assert b.num_computed_tokens == 12 and b.num_cached_prompt_tokens == 12
     assert b.block_hashes == a.block_hashes[:3]
     assert all(bm.blocks[x].ref_count == 2 for x in cached)
@@ -117,7 +120,7 @@ def test_revived_block_moves_to_the_back_of_the_lru():
     bm.free(a)
     bm.free(b)
     c = new_seq([1] * 4 + [9])  # reuses a's block, then frees it again: now the most recently freed
-    bm.admit(c, bm.match_prefix(c.token_ids))
+    admit(bm, c, bm.match_prefix(c.token_ids))
     compute(bm, c)
     bm.free(c)
     filler = new_seq(range(100, 108))
@@ -131,7 +134,7 @@ def test_cached_block_in_use_is_never_evicted():
     a = admit_and_compute(bm, [3] * 8 + [0], "a")
     b = new_seq([3] * 8 + [7, 7])
     shared = bm.match_prefix(b.token_ids)
-    bm.admit(b, shared)
+    admit(bm, b, shared)
     compute(bm, b)
     bm.free(a)  # the shared blocks stay held by b
     assert [bm.blocks[x].ref_count for x in shared] == [1, 1]
@@ -151,8 +154,8 @@ def test_duplicate_content_is_registered_once():
     bm = BlockManager(8, SIZE)
     a = new_seq([4] * 5)
     b = new_seq([4] * 5)
-    bm.admit(a, [])
-    bm.admit(b, [])  # both admitted before either committed: no match, both compute
+    admit(bm, a, [])
+    admit(bm, b, [])  # both admitted before either committed: no match, both compute
     compute(bm, a)
     compute(bm, b)
     assert a.block_hashes == b.block_hashes

@@ -19,7 +19,7 @@ def request(on_output=lambda o: None, is_cancelled=lambda: False, rid="r") -> Re
 
 def delta(req, text, ids, index=0, finished=False, reason=None, logprobs=None) -> RequestOutput:
     sample = SampleOutput(index, text, ids, reason, len(ids), logprobs)
-    return RequestOutput(req.request_id, [sample], 2, finished, None, req)
+    return RequestOutput(req.request_id, [sample], 2, finished, None, req.key)
 
 
 def wait_until(predicate) -> bool:
@@ -57,7 +57,9 @@ def test_outputs_go_out_from_the_sender_thread():
         got.set()
 
     sender = OutputSender()
-    sender.put(delta(request(record), "a", [1]))
+    req = request(record)
+    sender.track(req)
+    sender.put(delta(req, "a", [1]))
     assert got.wait(WAIT_S)
     assert threads == {"llm-output-sender"}
     sender.close()
@@ -105,8 +107,21 @@ def test_close_sends_everything_queued():
     got = []
     req = request(got.append)
     sender = OutputSender()
+    sender.track(req)
     for i in range(50):
         sender.put(delta(req, str(i), [i], finished=i == 49))
     sender.close()
     assert "".join(s.text for o in got for s in o.samples) == "".join(str(i) for i in range(50))
     assert got[-1].finished and sum(o.finished for o in got) == 1
+
+
+def test_outputs_name_their_request_by_key_and_an_untracked_one_is_dropped():
+    got = []
+    first, second = request(got.append), request(got.append)  # the same request id: keys tell them apart
+    assert first.request_id == second.request_id and first.key != second.key
+    sender = OutputSender()
+    sender.track(first)
+    sender.put(delta(second, "dropped", [1], finished=True))
+    sender.put(delta(first, "kept", [2], finished=True))
+    sender.close()
+    assert [s.text for o in got for s in o.samples] == ["kept"]

@@ -16,6 +16,11 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def verify_one(target, drafts, draft, generator):
+    """One sequence's verification through the batched call."""
+    return verify_sampled(target, [drafts], [draft], [generator])[0]
+
+
 @pytest.mark.parametrize(
     "argmax, drafts, tokens, accepted",
     [
@@ -38,7 +43,7 @@ def test_format_bonus_only_when_all_accepted():
         target = torch.stack([_dist(gen) for _ in range(k + 1)])
         draft = torch.stack([_dist(gen) for _ in range(k)])
         drafts = [_draw(draft[i], gen) for i in range(k)]
-        result = verify_sampled(target, drafts, draft, gen)
+        result = verify_one(target, drafts, draft, gen)
         assert len(result.tokens) == result.num_accepted + 1
         assert result.tokens[: result.num_accepted] == drafts[: result.num_accepted]
         assert 0 <= result.num_accepted <= k
@@ -52,14 +57,14 @@ def test_identical_draft_is_always_accepted():
     target = torch.stack([_dist(gen) for _ in range(5)])
     for _ in range(100):
         drafts = [_draw(target[i], gen) for i in range(4)]
-        result = verify_sampled(target, drafts, target[:4].clone(), gen)
+        result = verify_one(target, drafts, target[:4].clone(), gen)
         assert result.num_accepted == 4 and len(result.tokens) == 5
 
 
 def test_zero_probability_draft_token_is_rejected():
     target = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
     draft = torch.tensor([[1.0, 0.0, 0.0]])
-    result = verify_sampled(target, [0], draft, torch.Generator().manual_seed(0))
+    result = verify_one(target, [0], draft, torch.Generator().manual_seed(0))
     assert result.tokens == [1] and result.num_accepted == 0
 
 
@@ -72,12 +77,19 @@ def test_seeded_determinism_and_batch_equals_single():
         drafts = [_draw(draft[i], base) for i in range(3)]
         cases.append((target, drafts, draft))
 
-    def run(order):
+    def run(order, batched=False):
         generators = {i: torch.Generator().manual_seed(100 + i) for i in range(len(cases))}
         results = {}
         for _round in range(3):  # several steps, sequences interleaved in the given order
-            for i in order:
-                results.setdefault(i, []).append(verify_sampled(*cases[i], generators[i]).tokens)
+            if batched:  # one call for all of them, their rows in the given order
+                target = torch.cat([cases[i][0] for i in order])
+                drafts, draft_probs = [cases[i][1] for i in order], [cases[i][2] for i in order]
+                verified = verify_sampled(target, drafts, draft_probs, [generators[i] for i in order])
+                for i, result in zip(order, verified):
+                    results.setdefault(i, []).append(result.tokens)
+            else:
+                for i in order:
+                    results.setdefault(i, []).append(verify_one(*cases[i], generators[i]).tokens)
         return results
 
     singly = {}
@@ -85,6 +97,8 @@ def test_seeded_determinism_and_batch_equals_single():
         singly.update(run([i]))
     assert run(list(range(len(cases)))) == singly
     assert run(list(reversed(range(len(cases))))) == singly
+    assert run(list(range(len(cases))), batched=True) == singly
+    assert run(list(reversed(range(len(cases)))), batched=True) == singly
 
 
 def _emitted_first_token_hist(target, draft, k, trials, gen, one_hot_draft=False):
@@ -95,7 +109,7 @@ def _emitted_first_token_hist(target, draft, k, trials, gen, one_hot_draft=False
         q = None if one_hot_draft else draft
         if one_hot_draft:  # a deterministic proposer: always the same draft tokens
             drafts = [int(torch.argmax(draft[i])) for i in range(k)]
-        result = verify_sampled(target, drafts, q, gen)
+        result = verify_one(target, drafts, q, gen)
         counts[result.tokens[0]] += 1
         if result.num_accepted == k:
             bonus_counts[result.tokens[-1]] += 1

@@ -4,12 +4,15 @@ decodes first, preemption of the most recently admitted sequences when blocks ru
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.core.block_manager import BlockManager
-from backend.core.request import Request, Sequence, SequenceStatus
-from backend.core.scheduler import ScheduledSeq, Scheduler
+from backend.core.request import FinishReason, Request, Sequence, SequenceStatus
+from backend.core.runner_output import ModelRunnerOutput, SampledTokens
+from backend.core.scheduler import Scheduler
+from backend.core.scheduler_output import ScheduledSeq
 from backend.protocol.sampling_params import SamplingParams
 
 SIZE = 4
@@ -27,15 +30,21 @@ def make(num_blocks=64, max_num_seqs=8, budget=16, prefix_caching=True):
     return Scheduler(bm, max_num_seqs, budget), bm
 
 
-def run(sched: Scheduler, out, token: int = 7):
-    """What the engine does after a forward pass: advance, commit, append a sampled token."""
-    for item in out.scheduled:
-        seq = item.seq
-        assert seq.status == SequenceStatus.RUNNING
-        seq.num_computed_tokens += item.num_new_tokens
-        sched.block_manager.commit(seq)
-        if item.samples:
-            seq.token_ids.append(token)
+def never_stops(seq, token_id, logits, entry):
+    return None
+
+
+def run(sched: Scheduler, out, token: int = 7, stop_rule=never_stops):
+    """The step as the engine ends it: the model chose `token` for every sequence that samples (and for the
+    parallel samples it forks), and the scheduler applies that."""
+    assert all(item.seq.status == SequenceStatus.RUNNING for item in out.scheduled)
+    sampled = [
+        SampledTokens(member, [token], [0])
+        for item in out.scheduled
+        if item.samples
+        for member in [item.seq, *sched.unforked(item.seq)]
+    ]
+    sched.update_from_output(out, ModelRunnerOutput(torch.zeros(1, 1), sampled), stop_rule)
 
 
 def names(out):
@@ -170,14 +179,14 @@ def test_finished_sequences_leave_and_free_their_blocks():
     sched.add(b)
     run(sched, sched.schedule())
     used = bm.num_used_blocks
-    sched.finish(a)
-    assert a.status == SequenceStatus.FINISHED and a not in sched.running
-    assert a.block_table == [] and bm.num_used_blocks == used - 2
+    sched.finish(a, FinishReason.ABORT)
+    assert a.status == SequenceStatus.FINISHED and a not in sched.running and a.finish_reason == FinishReason.ABORT
+    assert a.block_table == [] and a.num_computed_tokens == 0 and bm.num_used_blocks == used - 2
     assert names(sched.schedule()) == [("b", 1)]
     # finishing a waiting sequence removes it from the queue
     c = new_seq(3, "c", start=80)
     sched.add(c)
-    sched.finish(c)
+    sched.finish(c, FinishReason.ABORT)
     assert not sched.waiting and c.status == SequenceStatus.FINISHED
 
 
@@ -193,7 +202,7 @@ def test_max_num_seqs():
     out = sched.schedule()
     assert len(out.scheduled) == 2 and len(sched.running) == 2
     run(sched, out)
-    sched.finish(seqs[0])
+    sched.finish(seqs[0], FinishReason.ABORT)
     out = sched.schedule()
     assert [n for n, _ in names(out)] == ["r1", "r2"]
 
@@ -210,15 +219,12 @@ def test_parallel_samples_reserve_sequence_slots():
     # p holds 3 slots (itself + 2 unforked), q the 4th; s has to wait
     assert names(out) == [("p", 5), ("q", 5)]
     assert sched.reserved_slots == 2
-    run(sched, out)
-    children = sched.take_unforked(parent)
-    assert children == parent.request.sequences[1:]
-    for child in children:
-        bm.fork(parent, child)
-    sched.add_forked(children)
-    for child in children:
-        child.token_ids.append(8)  # the engine samples the children right after forking
-    assert sched.reserved_slots == 0 and sched.take_unforked(parent) == []
+    assert sched.unforked(parent) == parent.request.sequences[1:]
+    run(sched, out, token=8)  # the children sample from the parent's row, then share its blocks
+    children = parent.request.sequences[1:]
+    assert all(child.token_ids[-1] == 8 and child.block_table == parent.block_table for child in children)
+    assert all(child.num_computed_tokens == parent.num_computed_tokens == 5 for child in children)
+    assert sched.reserved_slots == 0 and sched.unforked(parent) == []
     assert len(sched.running) == 4 and all(c.status == SequenceStatus.RUNNING for c in children)
     out = sched.schedule()
     assert len(out.scheduled) == 4 and other2 in sched.waiting
@@ -242,8 +248,8 @@ def test_preemption_of_the_most_recently_admitted_goes_to_the_front():
     assert names(out) == [("a", 1), ("b", 1)]  # no admission in a step that preempted
     assert c.num_tokens == 9  # its sampled token is kept: it will be recomputed
     run(sched, out)
-    sched.finish(a)
-    sched.finish(b)
+    sched.finish(a, FinishReason.ABORT)
+    sched.finish(b, FinishReason.ABORT)
     out = sched.schedule()
     # re-admitted first; its first block survived in the prefix cache (b reused its tail block)
     assert names(out) == [("c", 9 - 4), ("late", 3)]
@@ -285,7 +291,7 @@ def test_admission_waits_for_blocks():
     assert names(out) == [("a", 10)]
     assert list(sched.waiting) == [b]  # 2 blocks needed, 0 free
     run(sched, out)
-    sched.finish(a)
+    sched.finish(a, FinishReason.ABORT)
     assert names(sched.schedule()) == [("b", 5)]
 
 
@@ -334,6 +340,10 @@ workload = st.lists(  # (prompt length, output length, which shared prefix, arri
 )
 
 
+def stops_at_max_tokens(seq, token_id, logits, entry):
+    return FinishReason.LENGTH if seq.num_output_tokens >= seq.params.max_tokens else None
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     jobs=workload,
@@ -369,15 +379,9 @@ def test_random_workloads_respect_limits_and_finish(jobs, budget, max_num_seqs, 
         assert not {s.seq_id for s in out.preempted} & set(ids)
         assert all(s.status == SequenceStatus.WAITING for s in out.preempted)
         for item in out.scheduled:
-            seq = item.seq
-            assert len(seq.block_table) >= bm.blocks_needed(item.start + item.num_new_tokens)
-            seq.num_computed_tokens += item.num_new_tokens
-            bm.commit(seq)
-            if item.samples:
-                seq.token_ids.append(7)
-                if seq.num_output_tokens >= seq.params.max_tokens:
-                    sched.finish(seq)
-                    finished.add(seq.seq_id)
+            assert len(item.seq.block_table) >= bm.blocks_needed(item.start + item.num_new_tokens)
+        run(sched, out, stop_rule=stops_at_max_tokens)
+        finished |= {item.seq.seq_id for item in out.scheduled if item.seq.is_finished}
         held = {b for s in sched.running for b in s.block_table}
         assert bm.num_used_blocks == len(held)  # only running sequences hold blocks
         assert all(not s.block_table for s in sched.waiting)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from backend import EngineConfig, LLMEngine, SamplingParams
+from backend.core.scheduler_output import Draft
 from backend.spec.proposers import Proposer
 from launcher.paths import MODEL_DIR as SMOL_DIR
 
@@ -93,13 +94,14 @@ class OracleProposer(Proposer):
         self.wrong_drafted = 0
 
     def propose(self, requests):
+        drafts = []
         for seq, k in requests:
             future = self.outputs[seq.request.request_id][seq.num_output_tokens :][:k]
             if seq.num_output_tokens < self.right_from:
                 future = [(t + 1) % 49152 for t in future]
                 self.wrong_drafted += len(future)
-            seq.spec_token_ids = future
-            seq.spec_draft_probs = None
+            drafts.append(Draft(future))
+        return drafts
 
 
 def test_adaptive_stops_on_rejected_drafts_and_resumes_when_they_are_accepted(tiny_llama):

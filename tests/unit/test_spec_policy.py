@@ -110,7 +110,7 @@ def decoder(**overrides) -> SpeculativeDecoder:
         model="unused", draft_model="ngram", num_speculative_tokens=4, spec_adaptive=True, spec_probe_interval=4
     )
     config = EngineConfig(**{**settings, **overrides})
-    return SpeculativeDecoder(config, None, None, None, None, None, max_model_len=1000)
+    return SpeculativeDecoder(config, None, None, None, max_model_len=1000)
 
 
 def test_adaptive_respects_the_requests_own_k():

@@ -14,6 +14,7 @@ import torch
 
 from backend import InvalidRequest, SamplingParams
 from backend.core.request import FinishReason
+from backend.core.scheduler_output import Draft, SchedulerOutput
 from backend.protocol.guided_decoding import pop_guided_decoding
 from backend.sampling.structured_output import GrammarCompiler, StructuredOutput, advance, grammar_text
 from backend.spec.proposers import Proposer
@@ -112,8 +113,9 @@ def expected_mask(language: set[str], text: str) -> set[int]:
 
 def scheduled(matcher, drafts=()):
     """What mask_logits reads of a scheduled sequence that samples (k draft tokens: k + 1 rows)."""
-    seq = SimpleNamespace(matcher=matcher, spec_token_ids=list(drafts))
-    return SimpleNamespace(seq=seq, samples=True, num_spec_tokens=len(drafts))
+    return SimpleNamespace(
+        seq=SimpleNamespace(matcher=matcher), samples=True, draft=Draft(list(drafts)), num_sampled_rows=len(drafts) + 1
+    )
 
 
 def allowed_rows(logits: torch.Tensor) -> list[set[int]]:
@@ -151,7 +153,7 @@ def test_masks_allow_exactly_the_grammars_next_tokens(small_vocab, values):
     )
     logits = torch.randn(1 + len(states) + len(drafts) + 1, len(SMALL_TOKENS))
     unconstrained = logits[0].clone()
-    structured.mask_logits(batch, logits)
+    structured.mask_logits(SchedulerOutput(batch), logits)
     rows = allowed_rows(logits)
     assert torch.equal(logits[0], unconstrained)
     for i, consumed in enumerate(states):
@@ -295,10 +297,11 @@ class GrammarBreakingDraft(Proposer):
         self.bad_token, self.known = bad_token, known
 
     def propose(self, requests):
+        drafts = []
         for seq, k in requests:
             known = self.known.get(seq.request.request_id, [])[seq.num_output_tokens :][:1]
-            seq.spec_token_ids = (known + [self.bad_token] * k)[:k]
-            seq.spec_draft_probs = None
+            drafts.append(Draft((known + [self.bad_token] * k)[:k]))
+        return drafts
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

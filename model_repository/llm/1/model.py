@@ -23,7 +23,7 @@ from backend.protocol.wire import INPUT_NAMES, error_text
 from backend.serving import lora_admin
 from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
 from backend.serving.forwarded import ForwardedRequests, split_parameters
-from backend.serving.request_inputs import parse_request
+from backend.serving.request_inputs import ParsedRequest, parse_request
 from backend.serving.response_tensors import TokenTexts, response_arrays
 from backend.serving.stub_process import exit_stub_process
 
@@ -126,7 +126,7 @@ class TritonPythonModel:
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
         parsed = parse_request(tensors, parameters, self.engine.config.max_n, self.engine.max_model_len)
-        writer = _ResponseWriter(sender, parsed.outputs, self.token_texts, self._publish_metrics)
+        writer = _ResponseWriter(sender, parsed, self.token_texts, self._publish_metrics)
         is_cancelled = sender.is_cancelled
         if forwarded_id is not None:
 
@@ -189,11 +189,13 @@ class TritonPythonModel:
 class _ResponseWriter:
     """Turns engine outputs into Triton responses for one request."""
 
-    def __init__(self, sender, outputs: frozenset, token_texts: TokenTexts, before_final):
+    def __init__(self, sender, parsed: ParsedRequest, token_texts: TokenTexts, before_final):
         self.sender = sender
         self.before_final = before_final  # called before the final response is sent
         self.prompt_prefix = ""
-        self.outputs = outputs  # the additional outputs asked for
+        self.stream = parsed.stream
+        self.skip_special_tokens = parsed.params.skip_special_tokens
+        self.outputs = parsed.outputs  # the additional outputs asked for
         self.token_texts = token_texts
         self.on_final = None  # called once the final response is sent
 
@@ -202,7 +204,7 @@ class _ResponseWriter:
             self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(output.error))), FINAL)
         elif not output.samples:  # finished with nothing new to say
             self._send(None, FINAL)
-        elif output.request.stream:
+        elif self.stream:
             for i, sample in enumerate(output.samples):
                 last = output.finished and i == len(output.samples) - 1
                 self._send(self._response([sample], output), FINAL if last else 0)
@@ -221,6 +223,6 @@ class _ResponseWriter:
             self.on_final()
 
     def _response(self, samples, output: RequestOutput):
-        prefix = "" if output.request.stream else self.prompt_prefix
-        arrays = response_arrays(output, samples, self.outputs, self.token_texts, prefix)
+        prefix = "" if self.stream else self.prompt_prefix
+        arrays = response_arrays(output, samples, self.outputs, self.token_texts, prefix, self.skip_special_tokens)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
