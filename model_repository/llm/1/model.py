@@ -8,7 +8,6 @@ thread never waits on a round trip to the server.
 import dataclasses
 import json
 import logging
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +16,14 @@ import triton_python_backend_utils as pb_utils
 from backend.core.config import EngineConfig
 from backend.core.metrics import PeriodicPublisher, TritonMetricsSink
 from backend.core.request import RequestOutput
-from backend.engine.loop import EngineLoop, EngineStopped, ServerBusy, load_engine
+from backend.engine.loop import EngineStopped, ServerBusy
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INPUT_NAMES, error_text
 from backend.serving import lora_admin
-from backend.serving.batch_view import WatchStream, engine_summary, is_watch_request
+from backend.serving.batch_view import is_watch_request
+from backend.serving.engine_client import EngineClient
 from backend.serving.forwarded import ForwardedRequests, split_parameters
-from backend.serving.request_inputs import ParsedRequest, parse_request
+from backend.serving.request_inputs import ParsedRequest
 from backend.serving.response_tensors import TokenTexts, response_arrays
 from backend.serving.stub_process import exit_stub_process
 
@@ -58,7 +58,6 @@ class TritonPythonModel:
         listed = folder / args["model_version"] / "multi_lora.json"
         config = EngineConfig.from_parameters(parameters, base_dir=folder, lora_listing=listed)
         self.model_name = args["model_name"]
-        self.engine = load_engine(config)  # off this thread: see load_engine
         # Triton metric updates are round trips to the server: published from their own thread every 100 ms.
         # That thread starts with the first request, after `initialize` has returned: until then every round
         # trip is made here, on this thread, one at a time (docs/engine.md, "Start and stop").
@@ -67,17 +66,14 @@ class TritonPythonModel:
                 pb_utils, {"model": self.model_name, "version": args["model_version"]}, config.metric_dialects
             )
         )
-        self.engine.metrics.add_sink(self.metrics_publisher)
-        self.metrics_publisher.publish()  # the gauges (llm_engine_alive 1 among them) are right once READY
-        self.loop = EngineLoop(self.engine, on_death=self._stop_reporting_ready).start()
-        self.token_texts = TokenTexts(self.engine.tokenizer)  # decoded_token of the logprobs output
+        self.engine = EngineClient(config, self.metrics_publisher, on_death=self._stop_reporting_ready)
         self.forwarded = ForwardedRequests()  # requests from the TensorRT-LLM contract's models
 
     def _stop_reporting_ready(self, failure: str) -> None:
         """The engine thread died (every request in flight has its error queued for sending): unload the model, so
         that its ready endpoint says not ready at once (and the server's, while it unloads). Triton 2.51 offers
         no other way for a model to do so; the unload needs --model-control-mode=explicit (the launcher's)."""
-        self.engine.watchers.close()  # batch-view streams end: an unload waits for every request in flight
+        self.engine.close_watchers()
         try:
             pb_utils.unload_model(self.model_name)
         except Exception as exc:  # noqa: BLE001 - e.g. a server without explicit model control
@@ -104,7 +100,7 @@ class TritonPythonModel:
                 continue
             action = lora_admin.admin_action(request.parameters())
             if action is not None:
-                sender.send(_text_response(lora_admin.answer(self.engine, action)), flags=FINAL)
+                sender.send(_text_response(self.engine.lora_admin(action)), flags=FINAL)
                 continue
             forwarded_id, cancel_id, parameters = split_parameters(request.parameters())
             if cancel_id is not None:
@@ -125,42 +121,26 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
-        parsed = parse_request(tensors, parameters, self.engine.config.max_n, self.engine.max_model_len)
-        writer = _ResponseWriter(sender, parsed, self.token_texts, self._publish_metrics)
+        parsed = self.engine.parse(tensors, parameters)
+        writer = _ResponseWriter(sender, parsed, self.engine.token_texts, self.engine.publish_metrics)
         is_cancelled = sender.is_cancelled
         if forwarded_id is not None:
 
             def is_cancelled():
                 return self.forwarded.is_cancelled(forwarded_id) or sender.is_cancelled()
 
-        engine_request = self.engine.build_request(
-            uuid.uuid4().hex,
-            parsed.prompt,
-            parsed.params,
-            parsed.lora_name,
-            parsed.lora_task_id,
-            stream=parsed.stream,
-            on_output=writer.send,
-            is_cancelled=is_cancelled,
-        )
+        engine_request = self.engine.build_request(parsed, writer.send, is_cancelled)
         # non-streaming: the prompt (as text, also for input_ids) comes first unless excluded
         writer.prompt_prefix = "" if parsed.exclude_input_in_output else engine_request.prompt
-        engine_request.tracks_cumulative_logprob = "cumulative_logprob" in parsed.outputs
         if forwarded_id is not None:
             self.forwarded.track(forwarded_id)
             writer.on_final = lambda: self.forwarded.done(forwarded_id)
         try:
-            self.loop.submit(engine_request)
+            self.engine.submit(engine_request)
         except (ServerBusy, EngineStopped):
             if forwarded_id is not None:
                 self.forwarded.done(forwarded_id)
             raise
-
-    def _publish_metrics(self) -> None:
-        """Everything the engine has counted, on the metrics page now: a client that scrapes right after its last
-        response finds its request fully counted (the publishing thread would get there within 100 ms)."""
-        self.engine.metrics.flush()
-        self.metrics_publisher.publish()
 
     def _watch(self, sender):
         """A batch view watch (`"batch_view": true`): the engine's step records stream back as JSON in
@@ -169,19 +149,10 @@ class TritonPythonModel:
         def send(text):
             sender.send(_text_response(text))
 
-        WatchStream(
-            self.engine.watchers,
-            engine_summary(self.engine),
-            send,
-            sender.is_cancelled,
-            lambda: sender.send(flags=FINAL),
-        ).start()
+        self.engine.watch(send, sender.is_cancelled, lambda: sender.send(flags=FINAL))
 
     def finalize(self):
-        self.engine.watchers.close()
-        self.loop.shutdown()
-        self.metrics_publisher.close()
-        self.engine.metrics.sinks.clear()
+        self.engine.shutdown()
         self.metrics_publisher.sink.close()  # an unloaded model leaves no metrics behind
         exit_stub_process()  # the stub answered Triton's finalize request before calling this
 
