@@ -186,7 +186,8 @@ class Scheduler:
                 reason = stop_rule(seq, token_id, output.logits[result.rows[i]], entry)
                 if reason is not None:
                     break
-            self.block_manager.commit(seq)  # blocks filled by accepted drafts: their hashes need those tokens
+            if seq.seq_id in output.num_accepted:  # blocks filled by accepted drafts: their hashes need the tokens
+                self.block_manager.commit(seq)
             if reason is not None:
                 self.finish(seq, reason)
 

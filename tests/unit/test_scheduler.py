@@ -12,7 +12,7 @@ from backend.core.block_manager import BlockManager
 from backend.core.request import FinishReason, Request, Sequence, SequenceStatus
 from backend.core.runner_output import ModelRunnerOutput, SampledTokens
 from backend.core.scheduler import Scheduler
-from backend.core.scheduler_output import ScheduledSeq
+from backend.core.scheduler_output import Draft, ScheduledSeq
 from backend.protocol.sampling_params import SamplingParams
 
 SIZE = 4
@@ -329,6 +329,26 @@ def test_speculative_tokens_count_against_the_budget(budget):
     assert item.num_spec_tokens == min(4, budget - 1)
     assert item.num_new_tokens == 1 + item.num_spec_tokens <= budget
     assert item.samples
+
+
+def test_a_verified_draft_keeps_its_accepted_tokens_kv_and_registers_the_blocks_they_fill():
+    sched, bm = make(budget=16)
+    seq = new_seq(6, "a")
+    sched.add(seq)
+    run(sched, sched.schedule(), token=60)  # 7 tokens, 6 computed
+    out = sched.schedule(num_spec_tokens=lambda s: 3)
+    drafts = Draft([61, 62, 63])
+    out = out.with_drafts({seq.seq_id: drafts})
+    assert out.scheduled[0].token_ids == [60, 61, 62, 63] and out.scheduled[0].num_sampled_rows == 4
+    # the target accepted 2 of the 3 drafts, then chose 70
+    result = SampledTokens(seq, [61, 62, 70], [0, 1, 2])
+    output = ModelRunnerOutput(torch.zeros(4, 1), [result], num_accepted={seq.seq_id: 2})
+    sched.update_from_output(out, output, never_stops)
+    assert seq.token_ids == list(range(6)) + [60, 61, 62, 70]
+    assert seq.num_computed_tokens == 9  # the rejected draft's KV is dropped, and its block slot
+    assert len(seq.block_table) == bm.blocks_needed(9)
+    # the second block (tokens 4-7) is full of computed tokens, two of them accepted drafts: registered with them
+    assert bm.match_prefix(seq.token_ids) == seq.block_table[:2]
 
 
 # ------------------------------------------------------------------------------ property-based workloads
