@@ -150,13 +150,9 @@ class Sampler:
         return tokens
 
     @staticmethod
-    def logprobs(logits: torch.Tensor, token_id: int, top: int) -> dict:
-        """The model's log-probability of the chosen token and its rank, and of its `top` most likely alternatives."""
-        return Sampler.logprobs_rows(logits[None], [token_id], top)[0]
-
-    @staticmethod
     def logprobs_rows(logits: torch.Tensor, token_ids: list[int], top: int) -> list[dict]:
-        """`logprobs` for each row of logits [R, V] and its token (prompt logprobs: a whole chunk at once)."""
+        """For each row of logits [R, V] and its token: the token's log-probability and rank, and the row's `top` most
+        likely alternatives (a step's chosen tokens, or a whole prompt chunk, at once)."""
         logp = torch.log_softmax(logits, dim=-1)
         chosen = logp.gather(-1, torch.tensor(token_ids, dtype=torch.long)[:, None])
         ranks = (logp > chosen).sum(-1) + 1  # 1: the most likely token (as vLLM)

@@ -316,17 +316,21 @@ def test_unseeded_requests_use_the_base_seed():
 # ------------------------------------------------------------------------------------------ logprobs
 
 
+def logprobs(logits: torch.Tensor, token_id: int, top: int) -> dict:
+    return Sampler.logprobs_rows(logits[None], [token_id], top)[0]
+
+
 def test_logprobs(sampler):
     logits = torch.tensor([1.0, 3.0, 0.5, 2.0, -1.0, 0.0, 0.0, 0.0])
     logp = torch.log_softmax(logits, -1)
-    entry = Sampler.logprobs(logits, 2, 3)
+    entry = logprobs(logits, 2, 3)
     assert entry["token_id"] == 2
     assert entry["logprob"] == pytest.approx(float(logp[2]))
-    assert entry["rank"] == 4 and Sampler.logprobs(logits, 1, 0)["rank"] == 1  # 1: the most likely token
+    assert entry["rank"] == 4 and logprobs(logits, 1, 0)["rank"] == 1  # 1: the most likely token
     assert list(entry["top_logprobs"]) == [1, 3, 0]
     assert entry["top_logprobs"][1] == pytest.approx(float(logp[1]))
     assert all(isinstance(k, int) and isinstance(v, float) for k, v in entry["top_logprobs"].items())
-    assert "top_logprobs" not in Sampler.logprobs(logits, 1, 0)
+    assert "top_logprobs" not in logprobs(logits, 1, 0)
     assert math.isclose(sum(math.exp(v) for v in torch.log_softmax(logits, -1).tolist()), 1.0, rel_tol=1e-6)
 
 
