@@ -87,6 +87,7 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
     engine_steps: float = float("nan")  # forward passes the engine ran during the run, where known
     step_sequences: float = float("nan")  # sequences summed over those steps (their mean batch: / engine_steps)
+    thread_times: dict = field(default_factory=dict)  # through Triton: thread_cpu group -> ThreadTimes
 
     @property
     def tokens_per_s(self) -> float:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import launcher
+from benchmarks import thread_cpu
 from benchmarks.common import PROMPTS, LoadResult, run_triton
 from benchmarks.progress import log
 from benchmarks.settings import GREEDY
@@ -32,6 +33,7 @@ class Server:
         try:
             launcher.wait_until_ready(self.ports[0], self.proc, timeout_s=600, metrics_port=self.ports[2])
             self.grpc_url = f"127.0.0.1:{self.ports[1]}"
+            self.pids = thread_cpu.process_tree(self.proc.pid)  # tritonserver and its stubs
             for model in variants:  # warm-up
                 run_triton(self.grpc_url, model, [(PROMPTS[0], 4)] * 2, GREEDY, 2)
         except Exception:
@@ -41,8 +43,9 @@ class Server:
 
     def run(self, model: str, requests: list[tuple[str, int]], concurrency: int) -> LoadResult:
         """A closed-loop run, with the engine steps it took (from the server's metrics endpoint)."""
-        before = self.engine_activity(model)
+        before, cpu_before = self.engine_activity(model), thread_cpu.snapshot(self.pids)
         result = run_triton(self.grpc_url, model, requests, GREEDY, concurrency)
+        result.thread_times = thread_cpu.difference(thread_cpu.snapshot(self.pids), cpu_before)
         if result.errors:
             raise RuntimeError(f"{len(result.errors)} request(s) failed through Triton: {result.errors[:3]}")
         time.sleep(0.3)  # the engine publishes its metrics every 100 ms

@@ -4,8 +4,10 @@ tritonserver, and where the difference lies (fewer sequences per step, or slower
 from __future__ import annotations
 
 import math
+import os
 import statistics
 
+from benchmarks import thread_cpu
 from benchmarks.common import LoadResult
 from benchmarks.context import Bench
 from benchmarks.formatting import ms
@@ -71,6 +73,13 @@ def run(bench: Bench) -> list[str]:
         "",
         *bench.bounds[TRITON_STEPS],
         "",
+        "Who took the CPU through Triton: per group of threads (by the names the engine gives its threads), "
+        "seconds on a core and seconds runnable but waiting for one, as a share of the run's wall time (100 % "
+        f"= one core; this machine has {os.cpu_count()}), medians over the runs. The engine's step runs on its "
+        "thread and the kernels' workers; time they wait for a core is time the step stands still.",
+        "",
+        *cpu_table(bench.triton_runs, s.concurrency),
+        "",
         bench.plot(_figure(s.concurrency, data), "triton_overhead.png"),
     ]
     return lines
@@ -87,6 +96,24 @@ def _steps(runs: list[LoadResult]) -> dict:
         "sequences_per_step": statistics.median(per_step(r.step_sequences, r.engine_steps) for r in runs),
         "ms_per_step": statistics.median(per_step(r.wall_s * 1e3, r.engine_steps) for r in runs),
     }
+
+
+def cpu_table(runs: dict[int, list[LoadResult]], concurrency: list[int]) -> list[str]:
+    """% of one core per thread group (on a core; waiting for one, for the engine) at each concurrency."""
+    groups = [g for g, _, _ in thread_cpu.GROUPS] + [thread_cpu.CLIENT]
+    header = " | ".join(f"{g}: % on a core / % waiting" if g == thread_cpu.ENGINE else g for g in groups)
+    lines = [f"| streams | {header} |", "|---|" + "---|" * len(groups)]
+    for c in concurrency:
+        measured = [r for r in runs.get(c, []) if r.thread_times]
+        if measured:
+            cells = [_share(measured, g, "cpu_s") for g in groups]
+            cells[0] += " / " + _share(measured, thread_cpu.ENGINE, "wait_s")
+            lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _share(runs: list[LoadResult], group: str, attr: str) -> str:
+    return f"{statistics.median(getattr(r.thread_times[group], attr) / r.wall_s * 100 for r in runs):.0f}"
 
 
 def steps_table(data: dict) -> list[str]:

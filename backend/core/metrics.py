@@ -14,6 +14,8 @@ import threading
 import time
 from collections import defaultdict
 
+from backend.core.named_thread import NamedThread
+
 log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0]
@@ -300,7 +302,7 @@ class PeriodicPublisher:
         self._lock = threading.Lock()
         self._replaying = threading.Lock()  # publish() is also called from other threads (close, flush)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
+        self._thread = NamedThread(self._run, "llm-metrics", service=True)
 
     @property
     def running(self) -> bool:

@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable
 
 from backend.core.config import EngineConfig
+from backend.core.named_thread import NamedThread
 from backend.core.request import Request, RequestOutput
 from backend.engine.llm_engine import LLMEngine
 from backend.engine.output_sender import OutputSender
@@ -51,7 +52,7 @@ def load_engine(config: EngineConfig) -> LLMEngine:
         except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
             errors.append(exc)
 
-    loader = threading.Thread(target=build, name="llm-engine-load")
+    loader = NamedThread(build, "llm-engine-load", daemon=False)
     loader.start()
     loader.join()
     if errors:
@@ -70,7 +71,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+        self._thread = NamedThread(self._run, "llm-engine")
         self.sender = OutputSender()
         self.failure: ErrorText | None = None  # why the engine thread died, once it has
 

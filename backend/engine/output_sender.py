@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 
+from backend.core.named_thread import NamedThread
 from backend.core.request import Request, RequestOutput
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class OutputSender:
         self._failed: set[int] = set()  # requests whose delivery raised: nothing more is sent to them
         self._ready = threading.Condition()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="llm-output-sender", daemon=True)
+        self._thread = NamedThread(self._run, "llm-output-sender", service=True)
         self._thread.start()
 
     def track(self, request: Request) -> None:

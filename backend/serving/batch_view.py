@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from backend.core.named_thread import NamedThread
 from backend.engine.step_records import StepWatchers
 from backend.protocol.wire import WATCH_PARAMETER
 
@@ -67,7 +67,7 @@ class WatchStream:
         self.is_cancelled = is_cancelled
         self.finish = finish
         self.poll_s = poll_s
-        self.thread = threading.Thread(target=self._run, name="llm-batch-view", daemon=True)
+        self.thread = NamedThread(self._run, "llm-batch-view", service=True)
 
     def start(self) -> WatchStream:
         self.thread.start()

@@ -4,7 +4,9 @@ callers on several threads at once each get their own results."""
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +38,14 @@ def test_every_pool_thread_computes(module, pool_threads):
         assert module.parallel_threads(8) == threads
         assert kernels.threads() == threads
     assert module.parallel_threads(1) == 1  # one chunk: the caller alone
+
+
+def test_the_pool_workers_carry_their_name_for_the_os(module, pool_threads):
+    """`top -H` and /proc tell the kernels' workers from the server's other threads."""
+    pool_threads(3)
+    assert module.parallel_threads(8) == 3
+    names = {(Path("/proc/self/task") / tid / "comm").read_text().strip() for tid in os.listdir("/proc/self/task")}
+    assert {"llm-kernel-1", "llm-kernel-2"} <= names
 
 
 def test_the_pool_follows_torch_until_set(module, pool_threads):

@@ -15,6 +15,7 @@
 #include <exception>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 namespace pool {
@@ -61,6 +62,8 @@ struct Pool {
 
   // Worker `index` runs every job after generation `seen`.
   void worker_loop(int index, uint32_t seen) {
+    const std::string name = "llm-kernel-" + std::to_string(index);  // for top -H and /proc (15 bytes)
+    pthread_setname_np(pthread_self(), name.c_str());
     for (;;) {
       auto since = std::chrono::steady_clock::now();
       uint32_t g;
