@@ -3,10 +3,13 @@
 In a Triton Python model every `send()` and every `is_cancelled()` is a blocking round trip to the server
 process. Made on the engine thread, they stall the whole batch once per request per step. Here the engine
 thread only queues outputs; this thread sends them, merging the outputs of one stream that are still
-waiting into one response (as Triton's vLLM backend does), and every `sweep_interval_s` asks each request
-in flight whether its client has cancelled (as TensorRT-LLM's model does): one round trip per request per
-100 ms rather than one per response. A cancellation becomes `request.cancelled`, which the engine reads at
-its next step.
+waiting into one response (as Triton's vLLM backend does), and every `sweep_interval_s` asks requests in
+flight whether their client has cancelled (as TensorRT-LLM's model does): one round trip per request per
+100 ms rather than one per response, and at most `checks_per_sweep` (8) a sweep, so that many streams do not
+make the checks outnumber the responses (at 32 streams a check of each every 100 ms was 320 round trips a
+second against about 200 responses, measured: docs/benchmarks.md); beyond 8 in flight each request is asked
+every ceil(n / 8) x 100 ms (400 ms at 32). A cancellation becomes `request.cancelled`, which the engine reads
+at its next step.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class OutputSender:
-    def __init__(self, sweep_interval_s: float = 0.1):
+    def __init__(self, sweep_interval_s: float = 0.1, checks_per_sweep: int = 8):
         self.sweep_interval_s = sweep_interval_s
+        self.checks_per_sweep = checks_per_sweep
+        self._asked: dict[int, float] = {}  # Request.key -> when the sweep last asked it
         self._queue: deque[RequestOutput] = deque()
         self._in_flight: dict[int, Request] = {}  # by Request.key: request ids need not be unique
         self._last_sweep = time.monotonic()
@@ -84,16 +89,21 @@ class OutputSender:
             with self._ready:
                 self._in_flight.pop(key, None)
             self._failed.discard(key)
+            self._asked.pop(key, None)
             request.release_transport()
 
     def _sweep(self) -> None:
+        """Ask up to `checks_per_sweep` requests, the ones asked longest ago first: each request every
+        `sweep_interval_s` while that many are in flight, every ceil(n / checks_per_sweep) sweeps beyond."""
         now = time.monotonic()
         if now - self._last_sweep < self.sweep_interval_s:
             return
         self._last_sweep = now
         with self._ready:
             watched = [r for r in self._in_flight.values() if not r.cancelled]
-        for request in watched:
+        watched.sort(key=lambda r: self._asked.get(r.key, 0.0))
+        for request in watched[: self.checks_per_sweep]:
+            self._asked[request.key] = now
             try:
                 request.cancelled = request.is_cancelled()
             except Exception:

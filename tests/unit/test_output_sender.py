@@ -86,6 +86,30 @@ def test_the_sweep_notices_cancellation_and_asks_no_more_than_once_per_interval(
     assert gaps and min(gaps) >= 0.045
 
 
+def test_many_streams_are_asked_in_turns_of_a_few_per_sweep():
+    """20 in flight, 8 asks a sweep: no sweep asks more than 8, every request is asked within 3 sweeps, and a
+    cancellation among them is noticed."""
+    asked: list[tuple[float, str]] = []
+
+    def watcher(rid):
+        return lambda: asked.append((time.monotonic(), rid)) or rid == "r13" and len(asked) > 20
+
+    reqs = [request(is_cancelled=watcher(f"r{i}"), rid=f"r{i}") for i in range(20)]
+    sender = OutputSender(sweep_interval_s=0.05, checks_per_sweep=8)
+    for r in reqs:
+        sender.track(r)
+    assert wait_until(lambda: reqs[13].cancelled)
+    sender.close()
+    sweeps: dict[int, list[str]] = {}
+    start = asked[0][0]
+    for when, rid in asked:
+        sweeps.setdefault(round((when - start) / 0.05), []).append(rid)
+    assert max(len(s) for s in sweeps.values()) <= 8
+    first_three = [rid for i in sorted(sweeps)[:3] for rid in sweeps[i]]
+    assert set(first_three) == {r.request_id for r in reqs}
+    assert not any(r.cancelled for r in reqs if r.request_id != "r13")
+
+
 def test_a_failing_client_is_cancelled_and_sent_nothing_more():
     calls = []
 
