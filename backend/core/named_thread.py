@@ -6,21 +6,22 @@ A step's kernels keep every core busy, so a service thread (sending responses, p
 mid-step takes a core from a kernel worker, and the whole op then waits for that worker's chunk: the step loses
 about twice the CPU the service thread used. Run `SERVICE_NICE` levels below the step, a service thread still
 gets its share over time, but the scheduler runs it when a core goes idle (between ops, during the step's
-Python) instead of preempting the kernel (docs/benchmarks.md, "Service threads behind the step")."""
+Python) instead of preempting the kernel. Measured through Triton: up to +10 %, or within the noise
+(docs/benchmarks.md, "Service threads behind the step")."""
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
+import sys
 import threading
 
 log = logging.getLogger(__name__)
 
 SERVICE_NICE = 10  # added to a service thread's nice value; raising it needs no privilege
 _PR_SET_NAME = 15  # linux/prctl.h
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc's among them
 
 
 def set_os_thread_name(name: str) -> None:
@@ -31,11 +32,14 @@ def set_os_thread_name(name: str) -> None:
 
 
 def lower_thread_priority(by: int) -> None:
-    """Raise the calling thread's nice value by `by` (Linux schedules threads one by one)."""
+    """Raise the calling thread's nice value by `by`. Linux only: it schedules threads one by one, and elsewhere
+    a thread id given as a process id could name another process."""
+    if sys.platform != "linux":
+        return
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
-    except (OSError, AttributeError) as exc:  # not Linux, or a sandbox without setpriority
+    except OSError as exc:  # a sandbox without setpriority
         log.debug("could not lower thread %s's priority: %s", tid, exc)
 
 
