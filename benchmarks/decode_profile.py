@@ -41,6 +41,7 @@ _LABELS = {
     "llm.collect": "outputs",
 }
 MATMUL = "matmuls (linear layers, lm_head)"
+LOWBIT_MATMUL = _LABELS["llm.lowbit"]
 FORWARD_PYTHON = "model forward: Python"
 FORWARD_OTHER = "model forward: other ops (norms, RoPE, activations, embedding)"
 _MATMUL_OPS = {

@@ -10,7 +10,7 @@ import time
 import torch
 
 from benchmarks.context import Bench
-from benchmarks.decode_profile import MATMUL, decode_setup, measure_profiles
+from benchmarks.decode_profile import LOWBIT_MATMUL, MATMUL, decode_setup, measure_profiles
 from benchmarks.progress import log
 from benchmarks.targets import DECODE_PROFILE, GOALS
 
@@ -190,7 +190,7 @@ def _profile_summary(data: dict, profiles: dict) -> str:
         top = ", ".join(
             f"{k} {v / p['step_ms'] * 100:.0f} %" for k, v in sorted(p["categories"].items(), key=lambda kv: -kv[1])[:3]
         )
-        matmul = p["categories"].get(MATMUL, 0.0) / p["step_ms"]
+        matmul = sum(p["categories"].get(name, 0.0) for name in (MATMUL, LOWBIT_MATMUL)) / p["step_ms"]
         linear = d["linear_only_ms"] / d["step_ms"]
         parts.append(
             f"Batch {batch} reaches {d['fraction'] * 100:.0f} % of its {d['bound']} ceiling; the step is "

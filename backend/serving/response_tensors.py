@@ -69,17 +69,28 @@ def response_arrays(
     token_text: TokenTexts,
     prefix: str = "",
     skip_special_tokens: bool = True,
+    requested: frozenset[str] | None = None,
 ) -> dict[str, np.ndarray]:
     """The output tensors of one response for `samples` (one per stream response, all `n` otherwise):
     text_output, output_ids and sample_index always, each name in `wanted` (wire.OPTIONAL_OUTPUTS)
-    besides. `samples` carry this response's tokens, so their count is the response's num_output_tokens."""
-    ids = [s.token_ids for s in samples]
-    width = max(len(x) for x in ids)
-    id_array = np.array([x + [-1] * (width - len(x)) for x in ids], dtype=np.int32)
+    besides; of those, only the ones in `requested` (the client's requested outputs, None for every one):
+    Triton drops the others from the response, so building them would be work for nothing.
+    `samples` carry this response's tokens, so their count is the response's num_output_tokens."""
 
     def texts(values) -> np.ndarray:
         return np.array([v.encode() for v in values], dtype=object)
 
+    def output_ids() -> np.ndarray:
+        ids = [s.token_ids for s in samples]
+        width = max(len(x) for x in ids)
+        id_array = np.array([x + [-1] * (width - len(x)) for x in ids], dtype=np.int32)
+        return id_array[0] if len(samples) == 1 else id_array
+
+    always = {
+        "text_output": lambda: texts(prefix + s.text for s in samples),
+        "output_ids": output_ids,
+        "sample_index": lambda: np.array([s.sample_index for s in samples], dtype=np.int32),
+    }
     optional = {
         "finish_reason": lambda: texts(s.finish_reason.value if s.finish_reason else NO_FINISH_REASON for s in samples),
         "cumulative_logprob": lambda: np.array([s.cumulative_logprob for s in samples], dtype=np.float32),
@@ -93,15 +104,13 @@ def response_arrays(
         "context_logits": lambda: None if output.context_logits is None else torch.cat(output.context_logits).numpy(),
         "generation_logits": lambda: generation_logits(samples),
     }
-    arrays = {
-        "text_output": texts(prefix + s.text for s in samples),
-        "output_ids": id_array[0] if len(samples) == 1 else id_array,
-        "sample_index": np.array([s.sample_index for s in samples], dtype=np.int32),
-    }
-    for name in wanted:
-        array = optional[name]()
-        if array is not None:  # context_logits: only in the response that carries them
-            arrays[name] = array
+    builders = always | {name: optional[name] for name in wanted}
+    arrays = {}
+    for name, build in builders.items():
+        if requested is None or name in requested:
+            array = build()
+            if array is not None:  # context_logits: only in the response that carries them
+                arrays[name] = array
     return arrays
 
 

@@ -290,3 +290,36 @@ def test_http_generate_stream_sends_no_additional_output_unless_asked(server):
     )
     assert [c.raw["finish_reason"] for c in data[:-1]] == [["None"]] * (len(data) - 1)
     assert data[-1].finish_reason in ("length", "stop")
+
+
+def test_a_grpc_client_naming_its_outputs_receives_those_alone(server):
+    """Requested outputs (gRPC `outputs`): an always-sent output left out and an asked-for one named."""
+    import tritonclient.grpc as grpcclient
+
+    case = Case("named", PROMPTS[0], True, frozenset({"num_output_tokens", "finish_reason"}), None)
+    responses, done = [], threading.Event()
+
+    def on_response(result, error):
+        responses.append(error or result)
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=on_response)
+        wanted = ["text_output", "num_output_tokens"]  # not output_ids, sample_index nor finish_reason
+        client.async_stream_infer(
+            "llm",
+            case.inputs(),
+            outputs=[grpcclient.InferRequestedOutput(name) for name in wanted],
+            enable_empty_final_response=True,
+        )
+        assert done.wait(120), "no final response"
+        client.stop_stream()
+    finally:
+        client.close()
+    data = [r for r in responses if r.get_response().outputs]
+    assert len(data) == MAX_TOKENS, responses
+    for result in data:
+        assert {o.name for o in result.get_response().outputs} == set(wanted)
+        assert result.as_numpy("num_output_tokens").tolist() == [1]

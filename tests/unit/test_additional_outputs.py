@@ -73,6 +73,19 @@ def test_a_response_holds_only_the_outputs_asked_for():
     assert arrays["text_output"].tolist() == [b"ab"] and arrays["output_ids"].tolist() == [7, 9]
 
 
+def test_a_response_builds_only_the_outputs_the_client_requested():
+    """Triton drops every output the client did not request: those are not built at all."""
+    sample = SampleOutput(0, "ab", [7, 9], None, 5, None, -1.1, None)
+    wanted = frozenset({"num_output_tokens", "finish_reason"})
+    requested = frozenset({"text_output", "num_output_tokens", "logprobs"})
+    arrays = response_arrays(output([sample]), [sample], wanted, text_of, requested=requested)
+    assert set(arrays) == {"text_output", "num_output_tokens"}  # logprobs was requested but not asked for
+    assert arrays["text_output"].tolist() == [b"ab"] and arrays["num_output_tokens"].tolist() == [2]
+    assert set(response_arrays(output([sample]), [sample], wanted, text_of, requested=None)) == ALWAYS | wanted
+    ids_only = response_arrays(output([sample]), [sample], frozenset(), text_of, requested=frozenset({"output_ids"}))
+    assert list(ids_only) == ["output_ids"] and ids_only["output_ids"].tolist() == [7, 9]
+
+
 def test_null_logprobs_finish_reasons_and_samples_side_by_side():
     done = SampleOutput(0, "x", [3], FinishReason.STOP, 1, None, -0.5)
     cut = SampleOutput(1, "yz", [4, 5], FinishReason.LENGTH, 2, None, -0.7)

@@ -246,3 +246,14 @@ def test_the_k_quant_file_is_made_once_by_the_builds_llama_quantize(tmp_path, mo
     assert not out.with_suffix(".part").exists()  # written beside, then moved into place
     assert llama_cpp_build.quantized(bin_dir, source, "Q4_K_M") == out  # made once
     assert (tmp_path / "cache" / "models" / "model.Q4_1.Q4_K_M.part.runs").read_text() == "run\n"
+
+
+def test_the_roofline_summary_counts_the_low_bit_kernel_as_matmuls():
+    from benchmarks.decode_profile import LOWBIT_MATMUL, MATMUL
+    from benchmarks.roofline import _profile_summary
+
+    data = {1: {"fraction": 0.45, "bound": "memory", "linear_only_ms": 5.6, "step_ms": 7.3}}
+    profiles = {1: {"step_ms": 10.0, "categories": {LOWBIT_MATMUL: 5.0, MATMUL: 1.0, "sampling": 4.0}}}
+    summary = _profile_summary(data, profiles)
+    assert "the step is 60 % matmuls" in summary, summary
+    assert "the largest parts being matmuls (our low-bit kernel) 50 %, sampling 40 %" in summary

@@ -115,7 +115,8 @@ class FakeSender:
 
 
 class FakeRequest:
-    def __init__(self, pb: FakePbUtils, prompt: str, max_tokens: int):
+    def __init__(self, pb: FakePbUtils, prompt: str, max_tokens: int, requested: tuple[str, ...] = ()):
+        self.requested = requested  # Triton passes every output when the client names none
         self.tensors = {
             "text_input": pb.Tensor("text_input", np.array([prompt.encode()], dtype=object)),
             "max_tokens": pb.Tensor("max_tokens", np.array([max_tokens], dtype=np.int32)),
@@ -124,6 +125,9 @@ class FakeRequest:
 
     def get_response_sender(self):
         return self.sender
+
+    def requested_output_names(self):
+        return set(self.requested)
 
     def parameters(self):
         return "{}"
@@ -227,4 +231,24 @@ def test_a_dead_engine_unloads_its_model_after_answering_the_requests_in_flight(
         assert "the engine stopped" in later.sender.responses[-1].error.message
     finally:
         gc.enable()
+        model.finalize()
+
+
+def test_responses_carry_only_the_outputs_the_request_names(triton_model):
+    model_class, pb, args = triton_model
+    model = model_class()
+    model.initialize(args)
+    try:
+        named = FakeRequest(pb, "Hello there", 3, requested=("text_output",))
+        every = FakeRequest(pb, "Hello there", 3)
+        model.execute([named, every])
+        wait(named.sender.done, "the first request's final response")
+        wait(every.sender.done, "the second request's final response")
+        sent = [r for r in named.sender.responses if r is not None]
+        assert sent and all({t.name for t in r.output_tensors} == {"text_output"} for r in sent)
+        full = [r for r in every.sender.responses if r is not None]
+        assert full and all(
+            {"text_output", "output_ids", "sample_index"} <= {t.name for t in r.output_tensors} for r in full
+        )
+    finally:
         model.finalize()

@@ -122,7 +122,9 @@ class TritonPythonModel:
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
         parsed = self.engine.parse(tensors, parameters)
-        writer = _ResponseWriter(sender, parsed, self.engine.token_texts, self.engine.publish_metrics)
+        writer = _ResponseWriter(
+            sender, parsed, self.engine.token_texts, self.engine.publish_metrics, request.requested_output_names()
+        )
         is_cancelled = sender.is_cancelled
         if forwarded_id is not None:
 
@@ -160,8 +162,10 @@ class TritonPythonModel:
 class _ResponseWriter:
     """Turns engine outputs into Triton responses for one request."""
 
-    def __init__(self, sender, parsed: ParsedRequest, token_texts: TokenTexts, before_final):
+    def __init__(self, sender, parsed: ParsedRequest, token_texts: TokenTexts, before_final, requested_outputs):
         self.sender = sender
+        # Triton sends only the outputs the client asked for (all when it named none): build no other
+        self.requested_outputs = frozenset(requested_outputs) or None
         self.before_final = before_final  # called before the final response is sent
         self.prompt_prefix = ""
         self.stream = parsed.stream
@@ -195,5 +199,7 @@ class _ResponseWriter:
 
     def _response(self, samples, output: RequestOutput):
         prefix = "" if self.stream else self.prompt_prefix
-        arrays = response_arrays(output, samples, self.outputs, self.token_texts, prefix, self.skip_special_tokens)
+        arrays = response_arrays(
+            output, samples, self.outputs, self.token_texts, prefix, self.skip_special_tokens, self.requested_outputs
+        )
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
