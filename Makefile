@@ -14,8 +14,9 @@
 #   make browser  Debian's chromium for the web page's browser test, when missing and apt-get can run
 #   make serve-replicas  N=2 replicas behind Debian's HAProxy on OPENAI_PORT (llm-serve-replicas)
 #   make deploy-check    render, validate and lint deploy/ (Kubernetes manifests; also part of make test)
-#   make llama-cpp       llama.cpp's llama-bench and llama-server for the benchmark's section 6, built for this CPU
-#                 from the hash-pinned llama-cpp-python sdist into .cache/llama.cpp/bin (about 8 minutes on 2 cores)
+#   make llama-cpp       llama.cpp's llama-bench, llama-server and llama-batched-bench for the benchmark's sections 6
+#                 and 9, built for this CPU from the hash-pinned llama-cpp-python sdist into .cache/llama.cpp/bin
+#                 (about 8 minutes on 2 cores)
 #   make bench    the benchmark report (llm-bench $(BENCH_ARGS)) into benchmarks/results, llama.cpp included
 #   make bench-kquant    section 6 on the shipped GGUF re-quantized to KQUANT=Q4_K_M by llama.cpp, served from the
 #                 file by both (benchmarks/results/q4_k_m)

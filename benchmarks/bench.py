@@ -1,6 +1,6 @@
 """The benchmark report: one process run on one machine, every ratio measured in that run.
 
-    llm-bench [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8] [--quick] [--threads N]
+    llm-bench [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8,9] [--quick] [--threads N]
                                [--llama-cpp-dir DIR]
 
 Sections (all run by default; `--only` picks some), one module each, whose `run(bench)` gets context.py's `Bench`:
@@ -24,6 +24,9 @@ Sections (all run by default; `--only` picks some), one module each, whose `run(
      served default against bf16 + int4 through Triton; 1 against 2 torch threads through Triton.
   8. spec_decode.py: speculation off, fixed k and adaptive, in process at batch 1, on input-grounded prompts
      (rewrite, extract, edit code given in the prompt) and open chat.
+  9. threads_in_process.py: thread by thread (1, 2, half and every core), in process, our decode rate at the
+     streams' batch sizes against `llama-bench` and `llama-batched-bench` on the same GGUF, no server on either
+     side (runs where Triton does not).
 
 Writes <out>/README.md (the targets first, then tables, settings, machine), <out>/results.json and PNG plots.
 The machine's ceilings are measured in the same run at the run's thread count. `--quick` is a smoke test (few
@@ -55,6 +58,7 @@ from benchmarks import (
     roofline,
     seed_workload,
     spec_decode,
+    threads_in_process,
     triton_overhead,
     vs_llama_cpp,
     vs_transformers,
@@ -78,6 +82,7 @@ SECTIONS = {
     6: vs_llama_cpp,
     7: kernels_threads,
     8: spec_decode,
+    9: threads_in_process,
 }
 SERVED_VARIANTS = {
     1: [SEED_MODEL],

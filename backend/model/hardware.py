@@ -50,10 +50,9 @@ def resolve_dtype(requested: str, device: str, cpu_flags: set[str] | None = None
     return ("bfloat16", f"auto: {why}") if bf16 else ("float32", f"auto: {why}, so bf16 would be emulated")
 
 
-# Measured through Triton on an AVX512_BF16 CPU without AMX (docs/benchmarks.md): the exact GGUF path beat
-# bf16 + int4 at 1, 8 and 32 streams, so `auto` takes it there too. Only on AMX, where bf16 matmuls are
-# several times cheaper again, does bf16 + int4 remain the default.
-_BF16_BEATS_GGUF_FLAGS = ("amx_bf16",)
+# Measured on an AVX512_BF16 CPU without AMX (through Triton) and on an AMX CPU (in process, every core; the exact
+# path 3.5x / 1.7x / 2.4x as fast as bf16 + int4 at batch 1 / 8 / 32): the exact GGUF path beat bf16 + int4
+# everywhere it was measured (docs/benchmarks.md), so `auto` takes it on every CPU the kernel runs on.
 KERNEL_KINDS = ("gguf", "gguf_int8", "half", "q8_0")  # weights on our kernel, dtype float32
 _BF16_KINDS = ("int4", "int8")  # low-bit weights with bf16 activations (torch's kernels)
 
@@ -70,15 +69,14 @@ def resolve_weights(
 ) -> tuple[str, str, str]:
     """(dtype, quantization, reason). `quantization: auto` serves the model's own weights exactly (fp32
     activations, our kernel) where the kernel runs: its GGUF blocks, or a checkpoint's bf16 / fp16 weights
-    (`stored_16_bit`), except on CPUs where bf16 + int4 measured faster; otherwise int4 over bf16 where bf16 is
-    native, else dense. Re-quantizing (q8_0) changes the weights, so it is never picked for the user."""
+    (`stored_16_bit`); otherwise int4 over bf16 where bf16 is native, else dense. Re-quantizing (q8_0) changes
+    the weights, so it is never picked for the user."""
     flags = cpu_flags_of_this_machine() if cpu_flags is None else cpu_flags
     if quantization == "auto":
         if device != "cpu":
             dtype, why = resolve_dtype(dtype, device, flags)
             return dtype, "none", f"auto: dense weights on {device}; dtype {why}"
-        bf16_faster = [f for f in _BF16_BEATS_GGUF_FLAGS if f in flags]
-        exact_path = kernel_isa and dtype in ("auto", "float32") and not (dtype == "auto" and bf16_faster)
+        exact_path = kernel_isa and dtype in ("auto", "float32")
         if exact_path and has_gguf:
             return "float32", "gguf", "auto: the model's own GGUF blocks, exact, with fp32 activations"
         if exact_path and stored_16_bit:
@@ -86,12 +84,7 @@ def resolve_weights(
             return "float32", "half", why
         dtype, why = resolve_dtype(dtype, device, flags)
         if dtype == "bfloat16":
-            reason = (
-                f"the CPU has {bf16_faster[0]}, where bf16 + int4 measured faster"
-                if bf16_faster and (has_gguf or stored_16_bit)
-                else "no GGUF blocks or no low-bit kernel"
-            )
-            return dtype, "int4", f"auto: {reason}; dtype {why}"
+            return dtype, "int4", f"auto: no GGUF blocks or no low-bit kernel; dtype {why}"
         return dtype, "none", f"auto: no GGUF blocks, no 16-bit weights or no kernel, dense weights; dtype {why}"
     if quantization in KERNEL_KINDS:
         if dtype not in ("auto", "float32"):

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import llama_cpp_build, vs_llama_cpp
+from benchmarks import llama_cpp_build, threads_in_process, vs_llama_cpp
 from benchmarks.common import LoadResult
 from benchmarks.context import Bench
 from benchmarks.settings import make_settings
@@ -105,18 +105,31 @@ class FakeTriton:
         )
 
 
+# llama-batched-bench --output-format jsonl: one row per -npl value, S_TG (`speed_tg`) its decode tok/s.
+FAKE_LLAMA_BATCHED_BENCH = f"""
+import argparse, json
+ap = argparse.ArgumentParser()
+ap.add_argument("-npl")
+args, _ = ap.parse_known_args()
+for pl in args.npl.split(","):
+    print(json.dumps({{"pl": int(pl), "speed_tg": {FAKE_DECODE_TOK_S} * int(pl) ** 0.5, "speed_pp": 1.0}}))
+"""
+
+
 def fake_llama_cpp(folder: Path) -> Path:
-    for name, source in (("llama-bench", FAKE_LLAMA_BENCH), ("llama-server", FAKE_LLAMA_SERVER)):
+    for name, source in (
+        ("llama-bench", FAKE_LLAMA_BENCH),
+        ("llama-server", FAKE_LLAMA_SERVER),
+        ("llama-batched-bench", FAKE_LLAMA_BATCHED_BENCH),
+    ):
         program = folder / name
         program.write_text(f"#!{sys.executable}\n" + textwrap.dedent(source))
         program.chmod(0o755)
     return folder
 
 
-def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
-    import matplotlib
-
-    matplotlib.use("Agg")
+def bench_with_fake_llama_cpp(tmp_path: Path, model: str) -> Bench:
+    """A quick run's `Bench` on `model`, 2 peer threads, with the fake llama.cpp and a GGUF file in `tmp_path`."""
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     args = argparse.Namespace(
@@ -124,11 +137,18 @@ def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
         threads=1,
         engine_threads=0,
         peer_threads=2,
-        model=str(tmp_path),
+        model=model,
         llama_cpp_dir=str(fake_llama_cpp(tmp_path)),
         gguf=str(gguf),
     )
-    bench = Bench(args, make_settings(args), tmp_path)
+    return Bench(args, make_settings(args), tmp_path)
+
+
+def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    bench = bench_with_fake_llama_cpp(tmp_path, str(tmp_path))
     bench.server = FakeTriton()
 
     lines = vs_llama_cpp.run(bench)
@@ -148,6 +168,24 @@ def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
     assert any("llama-bench decode tok/s" in line for line in lines)
     log = (tmp_path / "llama-server.log").read_text()
     assert "Traceback" not in log, log
+
+
+def test_section_9_runs_our_engine_thread_by_thread_against_a_fake_llama_cpp(tmp_path, tiny_llama):
+    bench = bench_with_fake_llama_cpp(tmp_path, tiny_llama)
+
+    lines = threads_in_process.run(bench)
+
+    section = bench.results["sections"]["9"]
+    assert section["batches"] == bench.s.concurrency == [1, 4]
+    assert sorted(section["threads"]) == threads_in_process.thread_counts(2) == [1, 2]
+    for row in section["threads"].values():
+        assert set(row["ours"]["decode_tok_s"]) == {1, 4} and min(row["ours"]["decode_tok_s"].values()) > 0
+        assert row["llama_bench"] == FAKE_DECODE_TOK_S
+        assert row["llama_batched"] == {1: FAKE_DECODE_TOK_S, 4: FAKE_DECODE_TOK_S * 2}
+    table = [line for line in lines if line.startswith("| 2 |")]
+    ours_b4 = section["threads"][2]["ours"]["decode_tok_s"][4]
+    assert len(table) == 1 and f"**{ours_b4 / (FAKE_DECODE_TOK_S * 2):.2f}x**" in table[0]
+    assert threads_in_process.thread_counts(16) == [1, 2, 8, 16]
 
 
 def test_section_6_says_why_it_is_skipped(tmp_path):

@@ -115,7 +115,8 @@ def make_wider_model(tmp_path) -> str:
 
 def test_a_bfloat16_model_adds_the_deltas_in_float32_as_peft_does(tiny_llama, adapters):
     """PEFT casts the adapter weights to fp32 and the layer's input to them, adds in fp32 and rounds the sum to the
-    model's dtype once; on a bf16 model our rows follow it (bf16 + int4 is `auto`'s pick on AMX CPUs)."""
+    model's dtype once; on a bf16 model our rows follow it (bf16 + int4 is `auto`'s pick where bf16 is native and
+    no kernel runs)."""
     from peft import PeftModel
 
     from backend.model import model_source
