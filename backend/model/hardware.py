@@ -51,8 +51,9 @@ def resolve_dtype(requested: str, device: str, cpu_flags: set[str] | None = None
 
 
 # Measured on an AVX512_BF16 CPU without AMX (through Triton) and on an AMX CPU (in process, every core; the exact
-# path 3.5x / 1.7x / 2.4x as fast as bf16 + int4 at batch 1 / 8 / 32): the exact GGUF path beat bf16 + int4
-# everywhere it was measured (docs/benchmarks.md), so `auto` takes it on every CPU the kernel runs on.
+# path 3.0-3.5x / 1.3-1.7x / 2.1-2.4x as fast as bf16 + int4 at batch 1 / 8 / 32 in two runs): the exact GGUF path
+# beat bf16 + int4 everywhere it was measured on every core (docs/benchmarks.md), so `auto` takes it on every CPU
+# the kernel runs on.
 KERNEL_KINDS = ("gguf", "gguf_int8", "half", "q8_0")  # weights on our kernel, dtype float32
 _BF16_KINDS = ("int4", "int8")  # low-bit weights with bf16 activations (torch's kernels)
 

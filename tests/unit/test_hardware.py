@@ -36,7 +36,8 @@ def test_bf16_quantization_applies_to_bfloat16_on_cpu_only():
 
 @pytest.mark.parametrize("flags", [AVX2, AVX512_BF16, AMX], ids=["avx2", "avx512_bf16", "amx"])
 def test_auto_serves_the_exact_gguf_blocks_where_the_kernel_runs(flags):
-    """On AMX too: there the exact path measured 3.5x / 1.7x / 2.4x as fast as bf16 + int4 at batch 1 / 8 / 32."""
+    """On AMX too: there the exact path ran 3.0-3.5x / 1.3-1.7x / 2.1-2.4x the speed of bf16 + int4 at batch
+    1 / 8 / 32."""
     dtype, quantization, why = resolve_weights("auto", "auto", "cpu", True, 1, flags)
     assert (dtype, quantization) == ("float32", "gguf") and "exact" in why
 
