@@ -129,8 +129,8 @@ def run(bench: Bench) -> list[str]:
         *exact_lines,
         "",
         "Output tokens/s through Triton, the throughput workload of sections 2 and 6, each path in the same run "
-        "(ratios against the first row). `quantization: auto` takes the exact path where the kernel runs, except "
-        "on AMX CPUs (backend/model/hardware.py): this table is the measurement behind that rule on this CPU.",
+        "(ratios against the first row). `quantization: auto` takes the exact path wherever the kernel runs, AMX "
+        "CPUs included (backend/model/hardware.py): this table is the measurement behind that rule on this CPU.",
         "",
         *served_lines,
         "",

@@ -9,7 +9,7 @@ from launcher.model_config import read_parameters
 MAIN_MODEL = "llm"  # the served configuration, model_repository/llm/config.pbtxt as it stands
 SEED_MODEL = "llm_seq8"  # section 1: max_num_seqs 8
 FP32_MODEL = "llm_fp32"  # section 2's fp32 rows
-BF16_INT4_MODEL = "llm_bf16_int4"  # section 7: the bf16 + int4 path the default takes on AMX CPUs
+BF16_INT4_MODEL = "llm_bf16_int4"  # section 7: bf16 + int4, the default's alternative where bf16 is native
 THREADS_MODELS = {1: "llm_threads1", 2: "llm_threads2"}  # section 7: the served configuration at 1 / 2 threads
 VARIANTS = {
     MAIN_MODEL: {},
