@@ -42,15 +42,19 @@ class Bench:
     def engine(self, variant: str = MAIN_MODEL):
         """The in-process engine of a server variant (the same parameters and thread count)."""
         if variant not in self._engines:
-            from backend import EngineConfig, LLMEngine
-
             log(f"loading the in-process engine ({variant})")
-            params = {**engine_parameters(self.s.engine_threads, variant), "model": self.model_dir}
-            engine = LLMEngine(EngineConfig.from_parameters(params))
-            run_engine_requests(engine, [(PROMPTS[0], 4)] * 2, GREEDY, 2)  # warm-up
-            self._engines[variant] = engine
+            self._engines[variant] = self.new_engine(self.s.engine_threads, variant)
         torch.set_num_threads(self.s.threads)  # the process is shared with the Hugging Face runs
         return self._engines[variant]
+
+    def new_engine(self, threads: int, variant: str = MAIN_MODEL):
+        """A fresh, warmed-up in-process engine of a server variant at `threads` (0: the engine's own rule)."""
+        from backend import EngineConfig, LLMEngine
+
+        params = {**engine_parameters(threads, variant), "model": self.model_dir}
+        engine = LLMEngine(EngineConfig.from_parameters(params))
+        run_engine_requests(engine, [(PROMPTS[0], 4)] * 2, GREEDY, 2)  # warm-up
+        return engine
 
     def hf(self, dtype: torch.dtype):
         if dtype not in self._hf:

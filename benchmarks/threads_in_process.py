@@ -8,12 +8,9 @@ import gc
 
 import torch
 
-from benchmarks.common import PROMPTS, run_engine_requests
 from benchmarks.context import Bench
 from benchmarks.progress import log
 from benchmarks.roofline import decode_rate, linear_layers_time
-from benchmarks.settings import GREEDY
-from benchmarks.variants import MAIN_MODEL, engine_parameters
 from benchmarks.vs_llama_cpp import LlamaCpp
 
 TITLE = "Thread by thread, in process: our decode rate against llama.cpp's (no server)"
@@ -28,12 +25,8 @@ def thread_counts(cores: int) -> list[int]:
 def ours(bench: Bench, threads: int, batches: list[int]) -> dict:
     """The served configuration at `threads`: decode tok/s at each batch (every sequence decoding) and the batch-1
     linear layers alone."""
-    from backend import EngineConfig, LLMEngine
-
-    params = {**engine_parameters(threads, MAIN_MODEL), "model": bench.model_dir}
-    engine = LLMEngine(EngineConfig.from_parameters(params))
+    engine = bench.new_engine(threads)
     try:
-        run_engine_requests(engine, [(PROMPTS[0], 4)] * 2, GREEDY, 2)  # warm-up
         row = {"config": f"{engine.config.dtype}, quantization {engine.config.quantization}"}
         row["decode_tok_s"] = {b: decode_rate(engine, b, bench.s.decode_steps)[1] for b in batches}
         row["linear_b1_ms"] = linear_layers_time(engine, 1) * 1e3
