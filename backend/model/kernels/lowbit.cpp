@@ -20,7 +20,7 @@
 // weights by one rounding of each weight (2^-24 relative) on top of a summation-order change: the size of the
 // difference between two fp32 summation orders (docs/engine.md, "Exactness of the low-bit kernels", gives the
 // bound and the measured differences). Formats without m (w = d * q exactly) are a pure regrouping. Where a tile
-// is de-quantized into memory (AVX-512 above 8 rows), the weights are bit for bit the reference's.
+// is de-quantized into memory (above 8 rows on AVX-512, 16 on AVX2), the weights are bit for bit the reference's.
 //
 // Packed layout (made by `Blocks.pack`, once at load): output rows in tiles of 16; per tile, per block of
 // 32 inputs, one record: the tile's d[16] (and m[16]), fp16 or fp32, then 32-bit words, 16 per group of
@@ -87,9 +87,10 @@ using DenseFn = void (*)(const float*, int64_t, const uint8_t*, int64_t, float*,
 
 constexpr int kMaxRows = 8;
 struct Kernels {
-  int rows;  // rows of x per register block
+  int rows;          // rows of x per register block
+  int buffer_above;  // steps of more rows de-quantize each tile into memory once (dequant, then dense)
   TileFn tile[kMaxRows];
-  DequantFn dequant;  // null: no buffered path on this instruction set
+  DequantFn dequant;
   DenseFn dense[kMaxRows];  // over a de-quantized tile; for f16 and bf16, over the stored tile
 };
 
@@ -123,11 +124,13 @@ namespace avx512 {
 #pragma GCC pop_options
 
 Kernels kernels_for(int isa, int format) {
-  // AVX2 has no buffered path: re-de-quantizing in registers for each block of 4 rows measured 1.2-1.6x faster at
-  // every M from 5 to 64 on an AVX2 EPYC (docs/benchmarks.md) than a tile de-quantized once into memory.
-  if (isa == ISA_AVX2) return avx2::kernels(format, false, std::make_integer_sequence<int, 4>());
-  if (isa == ISA_AVX512) return avx512::kernels(format, true, std::make_integer_sequence<int, kMaxRows>());
-  return wide_on_avx2::kernels(format, true, std::make_integer_sequence<int, kMaxRows>());
+  // Up to 16 rows AVX2 re-de-quantizes each tile in registers for every block of 4 rows; above that, a tile
+  // de-quantized once into memory and streamed over by every block of 4 rows is faster: on a 2-core AVX2 EPYC a
+  // pass over the served model's 121 linear layers took 0.94x / 0.87x / 0.74x the time at 24 / 32 / 48 rows, and
+  // the engine decoded 1.09x / 1.21x as fast at batch 24 / 32 (docs/benchmarks.md). AVX-512: above its 8 rows.
+  if (isa == ISA_AVX2) return avx2::kernels(format, 16, std::make_integer_sequence<int, 4>());
+  if (isa == ISA_AVX512) return avx512::kernels(format, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
+  return wide_on_avx2::kernels(format, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
 }
 
 // x scaled per input by `input_scale` (what the tile kernels multiply), and where blocks have m the sum of x over each block.
@@ -191,11 +194,11 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
               tiles * tile_bytes);
   auto out = at::empty({rows, out_features}, x.options());
   const Kernels k = kernels_for((int)isa, (int)format);
-  // Up to one register block of rows, and on AVX2 always: the tile kernels, on x scaled per input. More rows on
-  // AVX-512: de-quantize each tile once into a per-thread buffer and stream every row block over it, on x as is.
+  // Up to `buffer_above` rows: the tile kernels, on x scaled per input. More rows: de-quantize each tile once into
+  // a per-thread buffer and stream every row block over it, on x as is.
   // f16 and bf16: the dense kernel over the stored tile, on x as is.
   const bool half = is_half(format);
-  const bool buffered = !half && k.dequant != nullptr && rows > k.rows;
+  const bool buffered = !half && rows > k.buffer_above;
   const auto [scaled, sums] = buffered || half ? std::pair{x, x} : scaled_inputs(x, (int)format);
   const float* xp = x.data_ptr<float>();
   const float* xs = scaled.data_ptr<float>();

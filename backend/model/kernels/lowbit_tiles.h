@@ -167,22 +167,24 @@ void dequant(const uint8_t* tile, int64_t blocks, float* w) {
 // inputs had 5x the error of torch's fp32 matmul against the exact product.
 template <int MR, int WEIGHTS>
 void dense(const float* x, int64_t ldx, const uint8_t* w, int64_t in_features, float* out, int64_t ldo, int valid) {
-  vf total[MR][kVectors] = {};
+  alignas(64) float total[MR][kTile] = {};  // in memory, as in `tile`: AVX2's 16 registers hold only the sums
   for (int64_t k0 = 0; k0 < in_features; k0 += kBlock) {
     vf acc[MR][kVectors] = {};
-    for (int64_t k = k0; k < k0 + kBlock; ++k)
-      for (int h = 0; h < kVectors; ++h) {
-        const vf wk = load_weights<WEIGHTS>(w + (k * kTile + h * LANES) * weight_bytes(WEIGHTS));
-        for (int r = 0; r < MR; ++r) acc[r][h] += wk * x[r * ldx + k];
+    for (int64_t k = k0; k < k0 + kBlock; ++k) {
+      vf wk[kVectors];
+      for (int h = 0; h < kVectors; ++h) wk[h] = load_weights<WEIGHTS>(w + (k * kTile + h * LANES) * weight_bytes(WEIGHTS));
+      for (int r = 0; r < MR; ++r) {
+        const float xr = x[r * ldx + k];
+        for (int h = 0; h < kVectors; ++h) acc[r][h] += wk[h] * xr;
       }
+    }
     for (int r = 0; r < MR; ++r)
-      for (int h = 0; h < kVectors; ++h) total[r][h] += acc[r][h];
+      for (int h = 0; h < kVectors; ++h) {
+        const vf t = load_floats(total[r] + h * LANES) + acc[r][h];
+        std::memcpy(total[r] + h * LANES, &t, sizeof t);
+      }
   }
-  for (int r = 0; r < MR; ++r) {
-    alignas(64) float row[kTile];
-    std::memcpy(row, total[r], sizeof row);
-    std::memcpy(out + r * ldo, row, valid * sizeof(float));
-  }
+  for (int r = 0; r < MR; ++r) std::memcpy(out + r * ldo, total[r], valid * sizeof(float));
 }
 
 template <int WEIGHTS, int... R>
@@ -192,27 +194,27 @@ void set_dense_kernels(Kernels& k, std::integer_sequence<int, R...>) {
 }
 
 template <int FORMAT, int... R>
-void set_format_kernels(Kernels& k, bool buffered, std::integer_sequence<int, R...> rows) {
+void set_format_kernels(Kernels& k, std::integer_sequence<int, R...> rows) {
   const std::array<TileFn, sizeof...(R)> tiles{tile<R + 1, FORMAT>...};
   for (size_t i = 0; i < sizeof...(R); ++i) k.tile[i] = tiles[i];
-  if (buffered) {
-    k.dequant = dequant<FORMAT>;
-    set_dense_kernels<F32_TILE>(k, rows);
-  }
+  k.dequant = dequant<FORMAT>;
+  set_dense_kernels<F32_TILE>(k, rows);
 }
 
-// This copy's kernels for `format`, for 1..sizeof...(R) rows of x per register block (Kernels in lowbit.cpp).
+// This copy's kernels for `format`, for 1..sizeof...(R) rows of x per register block, de-quantizing a tile into
+// memory for steps of more than `buffer_above` rows (Kernels in lowbit.cpp).
 template <int... R>
-Kernels kernels(int format, bool buffered, std::integer_sequence<int, R...> rows) {
+Kernels kernels(int format, int buffer_above, std::integer_sequence<int, R...> rows) {
   Kernels k{};
   k.rows = sizeof...(R);
+  k.buffer_above = buffer_above;
   switch (format) {
-    case Q4_1: set_format_kernels<Q4_1>(k, buffered, rows); break;
-    case Q8_0: set_format_kernels<Q8_0>(k, buffered, rows); break;
-    case Q5_1: set_format_kernels<Q5_1>(k, buffered, rows); break;
-    case Q4_K: set_format_kernels<Q4_K>(k, buffered, rows); break;
-    case Q5_K: set_format_kernels<Q5_K>(k, buffered, rows); break;
-    case Q6_K: set_format_kernels<Q6_K>(k, buffered, rows); break;
+    case Q4_1: set_format_kernels<Q4_1>(k, rows); break;
+    case Q8_0: set_format_kernels<Q8_0>(k, rows); break;
+    case Q5_1: set_format_kernels<Q5_1>(k, rows); break;
+    case Q4_K: set_format_kernels<Q4_K>(k, rows); break;
+    case Q5_K: set_format_kernels<Q5_K>(k, rows); break;
+    case Q6_K: set_format_kernels<Q6_K>(k, rows); break;
     case F16: set_dense_kernels<F16>(k, rows); break;
     case BF16: set_dense_kernels<BF16>(k, rows); break;
   }
