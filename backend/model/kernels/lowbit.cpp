@@ -125,9 +125,9 @@ namespace avx512 {
 
 Kernels kernels_for(int isa, int format) {
   // Up to 16 rows AVX2 re-de-quantizes each tile in registers for every block of 4 rows; above that, a tile
-  // de-quantized once into memory and streamed over by every block of 4 rows is faster: on a 2-core AVX2 EPYC a
-  // pass over the served model's 121 linear layers took 0.94x / 0.87x / 0.74x the time at 24 / 32 / 48 rows, and
-  // the engine decoded 1.09x / 1.21x as fast at batch 24 / 32 (docs/benchmarks.md). AVX-512: above its 8 rows.
+  // de-quantized once into memory and streamed over by every block of 4 rows is faster: on a 2-core AVX2 EPYC the
+  // engine decoded 1.15x and 1.21x as fast at batch 32 (two runs of interleaved processes, 1.09x at 24) and served
+  // 32 streams through Triton 1.10x as fast (docs/benchmarks.md). AVX-512: above its 8 register rows.
   if (isa == ISA_AVX2) return avx2::kernels(format, 16, std::make_integer_sequence<int, 4>());
   if (isa == ISA_AVX512) return avx512::kernels(format, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
   return wide_on_avx2::kernels(format, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
