@@ -142,6 +142,7 @@ def test_launch_serves_again_after_the_python_stub_is_killed(launch):
     )
     chunks = iter(in_flight)
     next(chunks)
+    logged_before = len(output.read_text())
     started = time.monotonic()
     os.kill(stub_pid, signal.SIGKILL)
     with pytest.raises(ServerError):  # the stream in flight ends with an error (no hang)
@@ -149,5 +150,11 @@ def test_launch_serves_again_after_the_python_stub_is_killed(launch):
             pass
     failed_s = time.monotonic() - started
     recover(launch, started, "the stub's death")
-    assert f"lost Python stub process(es) llm_0_0 (pid {stub_pid})" in output.read_text()
+    # Either reason is a recovery: the supervisor's poll finds the lost stub, or Triton 2.51 aborts on its own
+    # (SIGABRT, about a second after the kill) before that poll comes round.
+    logged_after = output.read_text()[logged_before:]
+    assert (
+        f"lost Python stub process(es) llm_0_0 (pid {stub_pid})" in logged_after
+        or "tritonserver exited unexpectedly (killed by signal 6 (SIGABRT))" in logged_after
+    ), logged_after[-4000:]
     print(f"the stream in flight failed {failed_s:.1f} s after the stub was killed")

@@ -10,10 +10,13 @@ why in the load log.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -62,20 +65,47 @@ def load():
             key = build_key()
             build_dir = cache_dir() / key
             build_dir.mkdir(parents=True, exist_ok=True)
-            module = cpp_extension.load(
-                name=f"llm_kernels_{key}",
-                sources=[str(p) for p in SOURCES],
-                build_directory=str(build_dir),
-                extra_cflags=list(CFLAGS),
-                extra_ldflags=list(LDFLAGS),  # load() appends to the lists it is given
-                verbose=False,
-            )
+            with build_lock(build_dir):
+                if not (build_dir / f"llm_kernels_{key}.so").exists():
+                    log.info("building the kernels in %s (about a minute on 2 cores, once)", build_dir)
+                module = cpp_extension.load(
+                    name=f"llm_kernels_{key}",
+                    sources=[str(p) for p in SOURCES],
+                    build_directory=str(build_dir),
+                    extra_cflags=list(CFLAGS),
+                    extra_ldflags=list(LDFLAGS),  # load() appends to the lists it is given
+                    verbose=False,
+                )
         except Exception as exc:  # a missing compiler or ninja: the pure-torch path still serves
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     _state["module"], _state["error"] = module, error
     if error:
         log.warning("low-bit kernels unavailable (%s); the pure-torch path serves", error)
     return module
+
+
+@contextmanager
+def build_lock(build_dir: Path) -> Iterator[None]:
+    """Holds `build_dir`'s build to one process at a time, with a lock that dies with its holder.
+
+    torch's loader locks a build by creating a file named `lock` and waits, forever, while that file exists; a
+    build killed half way (Ctrl-C during a first `make serve`, an OOM kill) leaves it behind, and every later
+    start then hangs in the model's initialize. Our builds all take this flock first, so whoever holds it knows
+    that a `lock` file it finds has no live owner, and removes it."""
+    with open(build_dir / "build.flock", "a") as lock_file:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process that is building the kernels in %s", build_dir)
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a kernel build that was stopped half way", stale)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
 def _put_interpreter_bin_on_path() -> None:
