@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Up to how many rows a step takes the low-bit weights (beyond, the dense GEMM is faster), by what serves them:
 # our kernel per instruction set, torch's int4/int8 over bf16. Measured per step size (docs/benchmarks.md).
-LOWBIT_ROWS = {"avx512": 32, "avx2": 48, "torch": 8}
+LOWBIT_ROWS = {"avx512": 32, "avx2": 128, "torch": 8}
 
 
 @dataclass

@@ -115,15 +115,15 @@ def test_a_sliding_window_shorter_than_the_context_takes_hugging_faces_modules(t
 
 
 def test_q8_0_runner_computes_its_own_grid_exactly(tiny_llama):
-    """quantization q8_0: the low-bit kernel (small steps) and the dense fallback (the 18-token chunk) both
-    compute the re-quantized model, which the generic path computes from the same de-quantized weights."""
+    """quantization q8_0: the low-bit kernel (the 12- and 3-row steps) and the dense fallback (the 28-row step,
+    over `max_lowbit_rows`) both compute the re-quantized model, which the generic path computes from the same
+    de-quantized weights."""
     from backend.model.weight_blocks import quantize_q8_0
 
-    quantized = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
+    quantized = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", max_lowbit_rows=16)
     threads = torch.get_num_threads()
     assert f"low-bit kernel for 9 of 9 layers, on {threads} thread{'s' * (threads > 1)};" in quantized.kernel
-    rows = quantized.max_lowbit_rows
-    assert quantized.kernel.endswith(f"decoder layers in one native call for steps of up to {rows} rows")
+    assert quantized.kernel.endswith("decoder layers in one native call for steps of up to 16 rows")
     generic = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
     with torch.no_grad():
         for module in generic.model.modules():

@@ -12,6 +12,7 @@ import torch
 
 from backend.model import kernels
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
+from backend.model.runner import LOWBIT_ROWS
 from backend.model.weight_blocks import FORMATS, HALVES, RECORDS, Blocks, HalfWeights, quantize_q8_0
 
 # Relative to the output's scale: fp32 sums of up to a few thousand products in another order.
@@ -82,6 +83,20 @@ def test_kernel_equals_dense_fp32_for_every_batch_size(module, format, rows, col
             got = module.lowbit_linear(x[:m], packed, rows, FORMATS[format], isa)
             assert got.shape == (m, rows)
             err = relative_error(got, want_all[:m])
+            assert err < TOLERANCE, f"isa {isa} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_kernel_equals_dense_fp32_up_to_the_largest_step_it_serves(module, format):
+    """Past M = 64, up to the largest default `max_lowbit_rows` (a prefill chunk of a short prompt)."""
+    largest = max(LOWBIT_ROWS.values())
+    blocks = random_blocks(format, 960, 576, seed=11)
+    packed, dense = blocks.pack(), blocks.dequantize()
+    x = torch.randn(largest, 576, generator=torch.Generator().manual_seed(3))
+    want_all = x @ dense.T
+    for isa in isas():
+        for m in (65, largest - 1, largest):
+            err = relative_error(module.lowbit_linear(x[:m], packed, 960, FORMATS[format], isa), want_all[:m])
             assert err < TOLERANCE, f"isa {isa} M={m}: relative error {err:.2e}"
 
 
