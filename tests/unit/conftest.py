@@ -1,6 +1,6 @@
 """Shared fixtures for the unit tests: tiny random Hugging Face models (with the real SmolLM2 tokenizer, so
-detokenization is real), Hugging Face greedy references, and the served model's tokenizer as the front door loads
-it and as transformers does."""
+detokenization is real), Hugging Face greedy references, the served model's tokenizer as the front door loads
+it and as transformers does, and our built C++ kernels."""
 
 from __future__ import annotations
 
@@ -77,6 +77,16 @@ def make_tiny_model(folder: Path, family: str = "llama", seed: int = 0, dtype=No
     for name in TOKENIZER_FILES:
         shutil.copy(SMOL_DIR / name, folder / name)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def built_kernels():
+    """The compiled kernels module (backend/model/kernels), built here if the cache has none."""
+    from backend.model import kernels
+
+    built = kernels.load()
+    assert built is not None, f"the kernels did not build: {kernels.load_error()}"
+    return built
 
 
 @pytest.fixture(scope="session")

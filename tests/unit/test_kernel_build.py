@@ -18,14 +18,7 @@ from backend.model import kernels
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def module():
-    built = kernels.load()
-    assert built is not None, f"the kernels did not build: {kernels.load_error()}"
-    return built
-
-
-def test_a_load_after_a_build_killed_half_way_does_not_wait_for_its_lock(module):
+def test_a_load_after_a_build_killed_half_way_does_not_wait_for_its_lock(built_kernels):
     """torch's loader leaves its `lock` file behind when its process is killed mid-build; a later load that waited
     on it would hang the model's initialize forever."""
     stale = kernels.cache_dir() / kernels.build_key() / "lock"
@@ -78,3 +71,35 @@ def test_the_build_lock_is_held_by_one_process_and_freed_when_it_is_killed(tmp_p
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_every_load_builds_with_the_pinned_ninja(built_kernels):
+    """A system ninja (1.11) and the pinned one (1.13) hash a build's commands differently: a build left by one is
+    rebuilt in full by the other, which made server starts after a test run rebuild the kernels in initialize.
+    A plain PATH, with a system ninja first where there is one, must not change which ninja builds."""
+    import ninja
+
+    pinned = Path(ninja.BIN_DIR) / "ninja"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import shutil; from backend.model import kernels; assert kernels.load() is not None; "
+            "print(shutil.which('ninja'))",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == str(pinned)
+    up_to_date = subprocess.run(
+        [str(pinned), "-n", "-d", "explain"],
+        cwd=kernels.cache_dir() / kernels.build_key(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "no work to do" in up_to_date.stdout, up_to_date.stdout + up_to_date.stderr

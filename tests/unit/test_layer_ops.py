@@ -10,14 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.model import kernels
-
 
 @pytest.fixture(scope="module")
-def ops():
-    built = kernels.load()
-    assert built is not None, f"the kernels did not build: {kernels.load_error()}"
-    return built
+def ops(built_kernels):
+    return built_kernels
 
 
 def test_layer_ops_run_the_copy_for_this_cpus_instruction_set(ops):

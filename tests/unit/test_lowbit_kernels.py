@@ -46,10 +46,8 @@ def random_blocks(format: str, rows: int, cols: int, seed: int = 0) -> Blocks | 
 
 
 @pytest.fixture(scope="module")
-def module():
-    built = kernels.load()
-    assert built is not None, f"the low-bit kernels did not build: {kernels.load_error()}"
-    return built
+def module(built_kernels):
+    return built_kernels
 
 
 # The kernel's test-only copy: AVX-512's 16-lane source and row blocking, built from AVX2 instructions.

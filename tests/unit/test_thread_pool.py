@@ -17,10 +17,8 @@ from tests.unit.test_lowbit_kernels import random_blocks
 
 
 @pytest.fixture(scope="module")
-def module():
-    built = kernels.load()
-    assert built is not None, f"the kernels did not build: {kernels.load_error()}"
-    return built
+def module(built_kernels):
+    return built_kernels
 
 
 @pytest.fixture

@@ -61,7 +61,7 @@ def load():
         try:
             from torch.utils import cpp_extension
 
-            _put_interpreter_bin_on_path()  # ninja (a pinned requirement) lives beside the interpreter
+            _put_pinned_ninja_first_on_path()
             key = build_key()
             build_dir = cache_dir() / key
             build_dir.mkdir(parents=True, exist_ok=True)
@@ -108,10 +108,22 @@ def build_lock(build_dir: Path) -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def _put_interpreter_bin_on_path() -> None:
-    bin_dir = str(Path(sys.executable or ".").resolve().parent)
-    if (Path(bin_dir) / "ninja").is_file() and bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = os.pathsep.join(p for p in (bin_dir, os.environ.get("PATH", "")) if p)
+def _put_pinned_ninja_first_on_path() -> None:
+    """torch's loader runs the first `ninja` on PATH; make it the pinned one (requirements.txt) in every process.
+    A system ninja 1.11 and the pinned 1.13 hash a build's command lines differently, so each finds the other's
+    build stale and rebuilds it in full: with both in use (a venv interpreter resolves to /usr/bin, beside a
+    system ninja; the server's stub has the venv first on PATH) every start after a test run rebuilt the kernels
+    in the model's initialize, 1.5 to 3 minutes."""
+    try:
+        import ninja
+
+        bin_dir = str(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        bin_dir = str(Path(sys.executable or ".").parent)  # the venv's bin, its link not followed
+    if not (Path(bin_dir) / "ninja").is_file():
+        return
+    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    os.environ["PATH"] = os.pathsep.join([bin_dir, *rest])
 
 
 def load_error() -> str:
