@@ -96,7 +96,7 @@ def build_lock(build_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.info("waiting for another process that is building the kernels in %s", build_dir)
+            log.info("waiting for another process that is building or checking the kernels in %s", build_dir)
             fcntl.flock(lock_file, fcntl.LOCK_EX)
         stale = build_dir / "lock"
         if stale.exists():
