@@ -14,7 +14,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -116,12 +115,9 @@ def _put_pinned_ninja_first_on_path() -> None:
     in the model's initialize, 1.5 to 3 minutes."""
     try:
         import ninja
-
-        bin_dir = str(ninja.BIN_DIR)
-    except (ImportError, AttributeError):
-        bin_dir = str(Path(sys.executable or ".").parent)  # the venv's bin, its link not followed
-    if not (Path(bin_dir) / "ninja").is_file():
-        return
+    except ImportError:
+        return  # torch's loader takes a ninja from PATH, or says it found none
+    bin_dir = str(ninja.BIN_DIR)
     rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
     os.environ["PATH"] = os.pathsep.join([bin_dir, *rest])
 
