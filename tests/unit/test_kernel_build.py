@@ -44,7 +44,7 @@ def test_the_build_lock_is_held_by_one_process_and_freed_when_it_is_killed(tmp_p
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from backend.model import kernels\n"
+            "import time; from pathlib import Path; from backend.model import kernels\n"
             f"with kernels.build_lock(Path({str(tmp_path)!r})):\n"
             "    print('held', flush=True); time.sleep(300)",
         ],

@@ -101,10 +101,7 @@ def build_lock(build_dir: Path) -> Iterator[None]:
         if stale.exists():
             log.warning("removing %s, left by a kernel build that was stopped half way", stale)
             stale.unlink(missing_ok=True)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
+        yield  # closing the file releases the lock
 
 
 def _put_pinned_ninja_first_on_path() -> None:
