@@ -13,7 +13,7 @@ from benchmarks.settings import throughput_requests
 from benchmarks.variants import BF16_INT4_MODEL, MAIN_MODEL, THREADS_MODELS
 
 TITLE = "Kernels and threads: the low-bit kernel per step size, bf16 + int4 against the exact path, 1 vs 2 threads"
-ROWS = (1, 2, 4, 8, 16, 32, 64)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def kernel_rows(engine, threads: list[int]) -> tuple[list[str], dict]:

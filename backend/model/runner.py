@@ -20,8 +20,17 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Up to how many rows a step takes the low-bit weights (beyond, the dense GEMM is faster), by what serves them:
-# our kernel per instruction set, torch's int4/int8 over bf16. Measured per step size (docs/benchmarks.md).
-LOWBIT_ROWS = {"avx512": 32, "avx2": 128, "torch": 8}
+# our kernel per instruction set, torch's int4/int8 over bf16. Measured per step size on two cores
+# (docs/benchmarks.md). On 8 threads and more torch's GEMM gains more than our kernel does: a 16-core Xeon
+# measured the dense GEMM ahead at 64 rows there, so those counts stop at 32.
+LOWBIT_ROWS = {"avx512": 128, "avx2": 128, "torch": 8}
+MANY_THREADS, MANY_THREADS_LOWBIT_ROWS = 8, 32
+
+
+def default_lowbit_rows(kernel: str, threads: int) -> int:
+    """The measured crossover for `kernel` (a LOWBIT_ROWS key) on `threads` threads."""
+    rows = LOWBIT_ROWS[kernel]
+    return min(rows, MANY_THREADS_LOWBIT_ROWS) if threads >= MANY_THREADS else rows
 
 
 @dataclass
@@ -94,7 +103,8 @@ class ModelRunner:
         if model_impl == "fused" and not fused_llama.supports(self.model.config):
             raise ValueError(f"the fused path supports {fused_llama.ARCHITECTURES}, not this model")
         blocks, isa = self._low_bit_blocks(model_path, quantization) if fused else ({}, 0)
-        self.max_lowbit_rows = max_lowbit_rows or LOWBIT_ROWS[kernels.ISA_NAMES[isa] if blocks else "torch"]
+        kernel = kernels.ISA_NAMES[isa] if blocks else "torch"
+        self.max_lowbit_rows = max_lowbit_rows or default_lowbit_rows(kernel, self.threads)
         self.fused = None
         if fused:
             self.fused = fused_llama.FusedLlama(self.model, quantization, blocks, isa, self.max_lowbit_rows)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.model.runner import ForwardItem, ModelRunner, ModelShape
+from backend.model.runner import LOWBIT_ROWS, MANY_THREADS, ForwardItem, ModelRunner, ModelShape, default_lowbit_rows
 from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
 # gemma2 (soft-capped scores), gemma3 and phi3 (sliding windows) on Hugging Face's modules with our paged attention
@@ -148,6 +148,27 @@ def test_torch_gets_the_threads_only_for_passes_it_computes(tiny_llama):
         runner.forward([ForwardItem(PROMPTS[0][8:10], 8, table, 1)])  # 2 rows: our kernels only
         assert torch.get_num_threads() == 1
         assert kernels.threads() == 2
+    finally:
+        torch.set_num_threads(saved)
+        kernels.set_threads(0)
+
+
+def test_lowbit_rows_default_to_the_crossover_for_the_kernel_and_threads(tiny_llama):
+    """Up to 7 threads our kernel serves steps of up to its instruction set's measured row count; from 8 threads
+    on, where torch's GEMM scales further, at most 32 rows; a configured count always wins."""
+    from backend.model import kernels
+
+    for kernel, rows in LOWBIT_ROWS.items():
+        assert default_lowbit_rows(kernel, 2) == rows
+        assert default_lowbit_rows(kernel, MANY_THREADS) == min(rows, 32)
+    saved = torch.get_num_threads()
+    try:
+        runner = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", threads=2)
+        assert runner.max_lowbit_rows == LOWBIT_ROWS[kernels.ISA_NAMES[kernels.best_isa()]] == 128
+        runner = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", threads=MANY_THREADS)
+        assert runner.max_lowbit_rows == 32
+        configured = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", max_lowbit_rows=5)
+        assert configured.max_lowbit_rows == 5
     finally:
         torch.set_num_threads(saved)
         kernels.set_threads(0)
