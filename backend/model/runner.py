@@ -120,7 +120,10 @@ class ModelRunner:
             )
             int8 = sum(Q4_1_INT8 in lin.formats for lin in layers if isinstance(lin, LowBitLinear))
             if int8:
-                self.kernel += f"; {int8} of them with activations rounded to int8 (gguf_int8: not exact)"
+                self.kernel += (
+                    f"; {int8} of them with activations rounded to int8 (gguf_int8: not exact), "
+                    f"multiplied with {kernels.int8_products(isa)}"
+                )
             if self.fused.stack is not None:
                 self.kernel += f"; decoder layers in one native call for steps of up to {self.fused.stack_rows} rows"
         self.num_blocks = num_blocks

@@ -41,6 +41,22 @@ def test_int8_kernel_computes_its_definition(rows, cols, m):
     assert (got - exact).abs().max() < 0.02 * exact.abs().max()  # the int8 rounding, not a wrong product
 
 
+@pytest.mark.skipif(not kernels.load().int8_vnni(), reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 33])
+def test_vnni_copy_equals_the_avx2_copy_bit_for_bit(m):
+    """The same integers summed exactly, then the same float operations per output: `vpdpbusd` on instruction set
+    2 (AVX-512) gives the AVX2 maddubs copy's (instruction set 1) results exactly, a partial last tile included."""
+    module = kernels.load()
+    rows, cols = 1000, 1536
+    blocks = random_blocks("q4_1", rows, cols, seed=m)
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
+    packed = blocks.pack()
+    vnni = module.lowbit_linear(x, packed, rows, Q4_1_INT8, 2)
+    avx2 = module.lowbit_linear(x, packed, rows, Q4_1_INT8, 1)
+    assert torch.equal(vnni, avx2)
+    assert kernels.int8_products(2) == "AVX-512 VNNI" and kernels.int8_products(1) == "AVX2 maddubs"
+
+
 def test_gguf_int8_serves_the_q4_1_layers_with_int8_activations_and_keeps_the_head_exact():
     """The served model under `quantization: gguf_int8`: every Q4_1 projection on the int8 kernel (the load log
     says so), the Q8_0 LM head on the exact kernel, and a decode step's logits close to the exact path's."""
@@ -53,6 +69,7 @@ def test_gguf_int8_serves_the_q4_1_layers_with_int8_activations_and_keeps_the_he
     layers = fast.fused.linear_layers()
     assert all(lin.formats == [Q4_1_INT8] for lin in layers[:-1]) and layers[-1].formats == [FORMATS["q8_0"]]
     assert f"{len(layers) - 1} of them with activations rounded to int8" in fast.kernel
+    assert f"multiplied with {kernels.int8_products(kernels.best_isa())}" in fast.kernel
     assert "int8" not in exact.kernel
     # every step size on the int8 kernel (the dense fallback would be another model); the stack as configured
     assert all(lin.max_m > 4096 for lin in layers[:-1]) and fast.fused.stack_rows == fast.max_lowbit_rows

@@ -124,6 +124,12 @@ def load_error() -> str:
     return str(_state.get("error", ""))
 
 
+def int8_products(isa: int) -> str:
+    """What multiplies `quantization: gguf_int8`'s integers on instruction set `isa` (lowbit_int8.cpp)."""
+    module = load()
+    return "AVX-512 VNNI" if isa == 2 and module is not None and module.int8_vnni() else "AVX2 maddubs"
+
+
 def best_isa() -> int:
     """2: AVX-512, 1: AVX2 + FMA + F16C, 0: no kernel for this CPU (or no build). `LLM_KERNEL_ISA` (avx2,
     none) lowers it, to exercise the slower paths on a fast CPU."""

@@ -10,7 +10,10 @@
 // load gives 8 rows' words; `v & 0x0F0F0F0F` holds inputs 0, 2, 4, 6 of each row as bytes and `(v >> 4) & ...`
 // inputs 1, 3, 5, 7, so with the activations stored in that order (per group: x0 x2 x4 x6 x1 x3 x5 x7) two
 // `maddubs` (unsigned byte x signed byte, pairs summed to int16) take all 64 products of a group. The int16 sums
-// cannot saturate: 4 groups x 2 pairs x 2 x 15 x 127 = 30480 < 32767. AVX2 only (AVX-512 CPUs run it too).
+// cannot saturate: 4 groups x 2 pairs x 2 x 15 x 127 = 30480 < 32767. On AVX-512 CPUs with VNNI, `vpdpbusd`
+// multiplies and sums four byte pairs into an int32 lane in one instruction: one 512-bit load holds a group's words
+// of all 16 rows, so two instructions take a group's 128 products, into one int32 lane per output row. Both
+// copies sum the same integers exactly and then run the same float operations per lane: equal bit for bit.
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
@@ -114,18 +117,67 @@ __attribute__((target("avx2,fma,f16c"))) void tile_int8(const int8_t* qx, int64_
   for (int r = 0; r < MR; ++r) std::memcpy(out + r * ldo, total[r], valid * sizeof(float));
 }
 
+// tile_int8 with VNNI: a 16-row tile in one 512-bit lane set, the int32 sums straight from `vpdpbusd`.
+template <int MR>
+__attribute__((target("avx512f,avx512bw,avx512vnni,f16c"))) void tile_int8_vnni(
+    const int8_t* qx, int64_t ldq, const float* scale, const float* sum, int64_t lds, const uint8_t* tile,
+    int64_t blocks, float* out, int64_t ldo, int valid) {
+  const __m512i nibbles = _mm512_set1_epi8(0x0F);
+  __m512 total[MR];
+  for (int r = 0; r < MR; ++r) total[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = tile + b * kRecordBytes;
+    for (int line = 0; line < kRecordBytes; line += 64) __builtin_prefetch(rec + 6 * kRecordBytes + line);
+    __m512i acc[MR];
+    for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_si512();
+    for (int g = 0; g < kGroups; ++g) {
+      const __m512i v = _mm512_loadu_si512(rec + 4 * kTile + g * kTile * 4);
+      const __m512i lo = _mm512_and_si512(v, nibbles), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibbles);
+      for (int r = 0; r < MR; ++r) {
+        int32_t even, odd;
+        std::memcpy(&even, qx + r * ldq + b * kBlock + g * 8, 4);
+        std::memcpy(&odd, qx + r * ldq + b * kBlock + g * 8 + 4, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(even));
+        acc[r] = _mm512_dpbusd_epi32(acc[r], hi, _mm512_set1_epi32(odd));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rec));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rec + 2 * kTile)));
+    for (int r = 0; r < MR; ++r) {
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(d, _mm512_set1_ps(scale[r * lds + b])),
+                                 total[r]);
+      total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(sum[r * lds + b]), total[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << valid) - 1), total[r]);
+}
+
 constexpr int kRows = 4;  // rows of x per pass over a tile
 using TileInt8 = void (*)(const int8_t*, int64_t, const float*, const float*, int64_t, const uint8_t*, int64_t, float*,
                           int64_t, int);
 constexpr TileInt8 kTileInt8[kRows] = {tile_int8<1>, tile_int8<2>, tile_int8<3>, tile_int8<4>};
+constexpr TileInt8 kTileInt8Vnni[kRows] = {tile_int8_vnni<1>, tile_int8_vnni<2>, tile_int8_vnni<3>,
+                                           tile_int8_vnni<4>};
 
 }  // namespace
 
-// y [M, N] = x [M, K] @ W^T for Q4_1 W packed as lowbit.cpp packs it, x rounded to int8 per block of 32.
-at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_features) {
+bool int8_vnni() {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+  }();
+  return vnni;
+}
+
+// y [M, N] = x [M, K] @ W^T for Q4_1 W packed as lowbit.cpp packs it, x rounded to int8 per block of 32; with
+// VNNI where `vnni` asks for it (and the CPU has it), else with AVX2's maddubs.
+at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_features, bool vnni) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
   TORCH_CHECK(best_isa() >= 1, "int8 activations need AVX2");
+  TORCH_CHECK(!vnni || int8_vnni(), "this CPU has no AVX-512 VNNI");
+  const TileInt8* tile_fns = vnni ? kTileInt8Vnni : kTileInt8;
   x = x.contiguous();
   const int64_t rows = x.size(0), in_features = x.size(1);
   TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32, got ", in_features);
@@ -145,7 +197,7 @@ at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_featu
       const int valid = (int)std::min<int64_t>(kTile, out_features - t * kTile);
       for (int64_t r = 0; r < rows; r += kRows) {  // the tile stays in L1 from one pass to the next
         const int chunk = (int)std::min<int64_t>(kRows, rows - r);
-        kTileInt8[chunk - 1](q + r * in_features, in_features, scale + r * blocks, sum + r * blocks, blocks,
+        tile_fns[chunk - 1](q + r * in_features, in_features, scale + r * blocks, sum + r * blocks, blocks,
                              w + t * blocks * kRecordBytes, blocks, o + r * out_features + t * kTile, out_features,
                              valid);
       }
