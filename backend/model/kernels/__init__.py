@@ -127,7 +127,7 @@ def load_error() -> str:
 def int8_products(isa: int) -> str:
     """What multiplies `quantization: gguf_int8`'s integers on instruction set `isa` (lowbit_int8.cpp)."""
     module = load()
-    return "AVX-512 VNNI" if isa == 2 and module is not None and module.int8_vnni() else "AVX2 maddubs"
+    return "AVX-512 VNNI" if module is not None and module.int8_vnni(isa) else "AVX2 maddubs"
 
 
 def best_isa() -> int:

@@ -34,7 +34,7 @@ int64_t parallel_threads(int64_t tasks) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("best_isa", &best_isa, "best instruction set of this CPU: 2 AVX-512, 1 AVX2+FMA+F16C, 0 neither");
-  m.def("int8_vnni", &int8_vnni, "whether quantization gguf_int8 multiplies with AVX-512 VNNI on this CPU");
+  m.def("int8_vnni", &int8_vnni, "whether gguf_int8 multiplies with AVX-512 VNNI on instruction set `isa` here");
   m.def("layer_ops_isa", &layer_ops_isa, "the copy of the layer ops this CPU runs: 2 AVX-512, 1 AVX2, 0 baseline");
   m.def("set_threads", &pool::set_threads, "threads of the kernels' pool (0: torch's intra-op thread count)");
   m.def("parallel_threads", &parallel_threads, "threads a parallel_for over `tasks` tasks runs on", no_gil);

@@ -180,7 +180,7 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
                             int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
-  if (format == Q4_1_INT8) return lowbit_linear_int8(x, packed, out_features, isa == ISA_AVX512 && int8_vnni());
+  if (format == Q4_1_INT8) return lowbit_linear_int8(x, packed, out_features, isa);
   TORCH_CHECK(known_format(format), "unknown block format ", format);
   TORCH_CHECK(isa == ISA_AVX2 || isa == ISA_AVX512 || isa == ISA_WIDE_ON_AVX2, "unknown instruction set ", isa);
   TORCH_CHECK((isa == ISA_WIDE_ON_AVX2 ? ISA_AVX2 : isa) <= best_isa(), "this CPU does not run instruction set ", isa);

@@ -161,23 +161,22 @@ constexpr TileInt8 kTileInt8Vnni[kRows] = {tile_int8_vnni<1>, tile_int8_vnni<2>,
 
 }  // namespace
 
-bool int8_vnni() {
-  static const bool vnni = [] {
+bool int8_vnni(int64_t isa) {
+  static const bool cpu_has_vnni = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vnni");
   }();
-  return vnni;
+  return isa == 2 && cpu_has_vnni;  // lowbit.cpp's ISA_AVX512
 }
 
 // y [M, N] = x [M, K] @ W^T for Q4_1 W packed as lowbit.cpp packs it, x rounded to int8 per block of 32; with
-// VNNI where `vnni` asks for it (and the CPU has it), else with AVX2's maddubs.
-at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_features, bool vnni) {
+// VNNI where int8_vnni(isa), else with AVX2's maddubs.
+at::Tensor lowbit_linear_int8(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
   TORCH_CHECK(best_isa() >= 1, "int8 activations need AVX2");
-  TORCH_CHECK(!vnni || int8_vnni(), "this CPU has no AVX-512 VNNI");
-  const TileInt8* tile_fns = vnni ? kTileInt8Vnni : kTileInt8;
+  const TileInt8* tile_fns = int8_vnni(isa) ? kTileInt8Vnni : kTileInt8;
   x = x.contiguous();
   const int64_t rows = x.size(0), in_features = x.size(1);
   TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32, got ", in_features);
