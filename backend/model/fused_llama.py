@@ -3,7 +3,7 @@
 The generic path runs Hugging Face's own modules with our paged attention plugged in; per layer it pays for
 three q/k/v matmuls, two MLP input matmuls and a few dozen small ops through Python modules. Here the same
 weights are laid out once at load: q/k/v fused into one matmul, gate/up into another (optionally with
-low-bit copies for small batches, see `linear.py`), rotary tables computed once per step for all layers,
+low-bit copies for small batches, see `linear.py`), rotary cos and sin looked up once per step for all layers,
 RoPE applied to queries and keys together (after Qwen3's per-head RMSNorm of each), and the residual stream kept
 as one [T, hidden] tensor. The arithmetic is Hugging Face's, op for op (RMSNorm in float32, RoPE and residuals in
 the model's dtype), so float32 results match the generic path.
@@ -20,6 +20,7 @@ from backend.model import kernels
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
 from backend.model.lora import LoraStep
 from backend.model.paged_attention import AttentionMetadata, paged_attention
+from backend.model.rotary_table import RotaryTable
 from backend.model.weight_blocks import Packed
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -102,7 +103,7 @@ class FusedLlama:
         self.eps = inner.norm.variance_epsilon
         self.scale = self.head_dim**-0.5
         self.embed = inner.embed_tokens.weight
-        self.rotary = inner.rotary_emb
+        self.rotary = RotaryTable(inner.rotary_emb)
         self.final_norm = inner.norm.weight
         names = {id(p): n for n, p in hf_model.named_parameters(remove_duplicate=False)}
         blocks = blocks or {}
@@ -184,8 +185,7 @@ class FusedLlama:
         (`self.stack`) where it applies (not with LoRA rows)."""
         ops, eps = self.ops, self.eps
         hidden = F.embedding(input_ids, self.embed)
-        cos, sin = self.rotary(hidden, positions[None])
-        cos, sin = cos[0], sin[0]
+        cos, sin = self.rotary(hidden, positions)
         normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
         if hidden.shape[0] <= self.stack_rows and lora is None:
             return self.stack.forward(
@@ -250,8 +250,8 @@ class FusedLlama:
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_heads = heads + kv_heads
         hidden = F.embedding(input_ids, self.embed)
-        cos, sin = self.rotary(hidden, positions[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, D], shared by every layer
+        cos, sin = self.rotary(hidden, positions)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D], shared by every layer
         half = head_dim // 2
         for index, layer in enumerate(self.layers):
             qkv = _project(lora, index, "qkv", layer.qkv, _rms_norm(hidden, layer.input_norm, self.eps))

@@ -104,7 +104,7 @@ def build_metadata(
     if device.type == "cpu" and all(s.num_tokens <= _SHORT_QUERY for s in slices):
         width = max(len(s.block_table) for s in slices)
         meta.block_tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in slices])
-        meta.row_seq = torch.repeat_interleave(torch.arange(len(slices)), torch.tensor([s.num_tokens for s in slices]))
+        meta.row_seq = torch.tensor([i for i, s in enumerate(slices) for _ in range(s.num_tokens)])
     return meta
 
 

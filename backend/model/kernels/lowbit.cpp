@@ -136,14 +136,16 @@ Kernels kernels_for(int isa, int format) {
 // x scaled per input by `input_scale` (what the tile kernels multiply), and where blocks have m the sum of x over each block.
 std::pair<at::Tensor, at::Tensor> scaled_inputs(const at::Tensor& x, int format) {
   const int64_t rows = x.size(0), in_features = x.size(1), blocks = in_features / kBlock;
-  const int per_word = inputs_per_word(format);
-  float scale[8];
-  for (int j = 0; j < per_word; ++j) scale[j] = input_scale(format, j);
+  // One block's pattern of scales (a word's repeats), so that the loop below has a fixed trip count and no
+  // division per input.
+  float scale[kBlock];
+  for (int j = 0; j < kBlock; ++j) scale[j] = input_scale(format, j % inputs_per_word(format));
   auto xs = at::empty_like(x);
   auto sums = at::empty({has_min(format) ? rows : 0, blocks}, x.options());
   const float* in = x.data_ptr<float>();
   float* scaled = xs.data_ptr<float>();
-  for (int64_t i = 0; i < rows * in_features; ++i) scaled[i] = in[i] * scale[i % per_word];
+  for (int64_t b = 0; b < rows * blocks; ++b)
+    for (int j = 0; j < kBlock; ++j) scaled[b * kBlock + j] = in[b * kBlock + j] * scale[j];
   if (has_min(format)) {
     float* s = sums.data_ptr<float>();
     for (int64_t r = 0; r < rows; ++r)
