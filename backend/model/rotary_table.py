@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
-# Positions computed per call of the embedding while the table grows: small calls stay on one thread, so every
-# value goes through the same vector code a step's call takes.
-_CHUNK = 256
+# Positions computed per call of the embedding while the table grows: calls as small as a step's (under torch's
+# grain for splitting an element-wise op across threads, for head sizes up to 256), so every value goes through the
+# same vector code a step's call takes.
+_CHUNK = 64
 
 
 class RotaryTable:

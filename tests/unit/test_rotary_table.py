@@ -15,9 +15,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
           "original_max_position_embeddings": 64}  # fmt: skip
 
 
-def rotary(rope_scaling: dict | None = None) -> LlamaRotaryEmbedding:
+def rotary(rope_scaling: dict | None = None, head_dim: int = 64) -> LlamaRotaryEmbedding:
     config = LlamaConfig(
-        hidden_size=256, num_attention_heads=4, max_position_embeddings=4096, rope_scaling=rope_scaling
+        hidden_size=4 * head_dim, num_attention_heads=4, max_position_embeddings=4096, rope_scaling=rope_scaling
     )
     return LlamaRotaryEmbedding(config)
 
@@ -25,10 +25,11 @@ def rotary(rope_scaling: dict | None = None) -> LlamaRotaryEmbedding:
 POSITION_SETS = [[0], [5], [17, 3, 3, 200], list(range(40, 77)), [1000, 12, 999], list(range(300))]
 
 
+@pytest.mark.parametrize("head_dim", [64, 256])
 @pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["default", "llama3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_table_equals_the_embedding_per_call(scaling, dtype):
-    embedding = rotary(scaling)
+def test_table_equals_the_embedding_per_call(scaling, dtype, head_dim):
+    embedding = rotary(scaling, head_dim)
     table = RotaryTable(embedding)
     assert not table.per_step
     like = torch.zeros(1, 8, dtype=dtype)
@@ -36,7 +37,7 @@ def test_table_equals_the_embedding_per_call(scaling, dtype):
         p = torch.tensor(positions)
         cos, sin = table(like, p)
         want_cos, want_sin = embedding(like, p[None])
-        assert cos.dtype == dtype and cos.shape == (len(positions), 64)
+        assert cos.dtype == dtype and cos.shape == (len(positions), head_dim)
         assert torch.equal(cos, want_cos[0]) and torch.equal(sin, want_sin[0])
     assert table.cos.shape[0] >= 1001  # grew past its first chunk
 
