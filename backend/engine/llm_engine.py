@@ -77,7 +77,7 @@ class LLMEngine:
             config.max_lowbit_rows,
             self.threads,
         )
-        log.info("model path %s; linear layers: %s", self.runner.impl, self.runner.kernel)
+        log.info("model path %s; linear layers: %s; %s", self.runner.impl, self.runner.kernel, self.runner.memory)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)  # the engine thread's (decoding)
         self.input_tokenizer = AutoTokenizer.from_pretrained(config.model)  # callers' thread (encoding)
         self.eos_token_ids = eos_token_ids(config.model, self.tokenizer)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from backend.model import kernels
+from backend.model import huge_pages, kernels
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
 from backend.model.lora import LoraStep
 from backend.model.paged_attention import AttentionMetadata, paged_attention
@@ -133,7 +133,15 @@ class FusedLlama:
         # Our C++ layer ops (fp32 on the CPU) for steps of short queries; None: torch ops only.
         fp32_cpu = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
         self.ops = kernels.load() if fp32_cpu and use_layer_ops else None
+        self._blocks_on_huge_pages()
         self.stack, self.stack_rows = self._decoder_stack(max_m)
+
+    def _blocks_on_huge_pages(self) -> None:
+        """Every low-bit layer's blocks, which each step streams, in one region on huge pages."""
+        low_bit = [lin for lin in self.linear_layers() if isinstance(lin, LowBitLinear)]
+        copies = iter(huge_pages.gather([blocks for lin in low_bit for blocks in lin.blocks]))
+        for lin in low_bit:
+            lin.blocks = [next(copies) for _ in lin.blocks]
 
     def _decoder_stack(self, max_m: int):
         """The decoder layers, the final norm and the LM head as one native call (`kernels/decoder_stack.cpp`) for

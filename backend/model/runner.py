@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig
 
-from backend.model import fused_llama, kernels, model_source
+from backend.model import fused_llama, huge_pages, kernels, model_source
 from backend.model.gguf_weights import verified_packed
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
@@ -128,9 +128,13 @@ class ModelRunner:
                 self.kernel += f"; decoder layers in one native call for steps of up to {self.fused.stack_rows} rows"
         self.num_blocks = num_blocks
         s = self.shape
-        self.kv_cache = torch.zeros(
-            s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim, dtype=self.dtype, device=self.device
-        )
+        cache_shape = (s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim)
+        self.memory = "the KV cache on the device"
+        if self.device.type == "cpu":
+            self.kv_cache = huge_pages.zeros(cache_shape, self.dtype)
+            self.memory = huge_pages.describe()
+        else:
+            self.kv_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
 
     def _low_bit_blocks(self, model_path: str, quantization: str) -> tuple[dict[str, Packed], int]:
         """The weights the low-bit kernel serves ("gguf": the model's own blocks, checked bit for bit; "q8_0":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.model import fused_llama, model_source
+from backend.model import fused_llama, huge_pages, model_source
 from backend.model.linear import LowBitLinear
 from backend.model.runner import ForwardItem, ModelRunner
 from backend.model.weight_blocks import FORMATS
@@ -230,3 +230,16 @@ def test_decoder_stack_is_the_python_layer_loop_bit_for_bit(family, tiny_model_f
 def test_no_decoder_stack_where_a_projection_is_dense(tiny_llama):
     """Without low-bit blocks (dense fp32 projections) the Python loop serves short steps."""
     assert ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS).fused.stack is None
+
+
+def test_low_bit_blocks_and_kv_cache_live_on_huge_pages(tiny_llama):
+    """Every low-bit layer's blocks are copied into one region (huge pages where the system offers them), and the
+    KV cache gets its own; the load log says which."""
+    runner = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
+    blocks = [b for lin in runner.fused.linear_layers() for b in lin.blocks]
+    assert len(blocks) == 9 and len({b.untyped_storage().data_ptr() for b in blocks}) == 1
+    assert runner.fused.stack is not None  # built over the copies
+    assert runner.memory == huge_pages.describe()
+    if huge_pages.available():
+        assert blocks[0].data_ptr() % huge_pages.HUGE_PAGE == 0
+        assert runner.kv_cache.data_ptr() % huge_pages.HUGE_PAGE == 0

@@ -81,3 +81,36 @@ def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, con
         weights = torch.softmax(torch.einsum("hd,chd->hc", query, keys) * scale, -1)
         want = torch.einsum("hc,chd->hd", weights, values).reshape(-1)
         torch.testing.assert_close(got[r], want, rtol=2e-6, atol=2e-6)
+
+
+def test_attention_by_kv_group_equals_attention_head_by_head(ops):
+    """A step of many rows attends a KV head's query heads together (each key and value read once for the
+    group); one row attends head by head. Every head's result is the same bit for bit either way."""
+    g = torch.Generator().manual_seed(7)
+    heads, kv_heads, dim, block, blocks = 6, 2, 64, 16, 256
+    contexts = torch.randint(1, 70, (40,), generator=g)  # 40 rows x 2 KV heads: groups for up to 20 threads
+    rows = len(contexts)
+    need = (contexts + block - 1) // block
+    tables = torch.randperm(blocks, generator=g)[: rows * int(need.max())].view(rows, -1)
+    positions = contexts - 1
+    slots = tables[torch.arange(rows), positions // block] * block + positions % block
+    cache = torch.randn(2, blocks, block, kv_heads, dim, generator=g)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g)
+    cos, sin = torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g)
+    seqs, scale = torch.arange(rows), dim**-0.5
+    together = ops.rope_paged_attention(qkv, cos, sin, cache, slots, positions, seqs, tables, heads, kv_heads, scale)
+    for r in range(rows):
+        alone = ops.rope_paged_attention(
+            qkv[r : r + 1],
+            cos[r : r + 1],
+            sin[r : r + 1],
+            cache,
+            slots[r : r + 1],
+            positions[r : r + 1],
+            seqs[r : r + 1],
+            tables,
+            heads,
+            kv_heads,
+            scale,
+        )
+        torch.testing.assert_close(together[r], alone[0], rtol=0, atol=0)

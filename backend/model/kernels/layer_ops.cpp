@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "ops.h"
@@ -144,29 +145,67 @@ CLONES void rope_head(const float* x, const float* cos, const float* sin, float*
   for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
-// One query head's attention over the `context` first positions of its sequence: out += softmax(q . k_j * scale)
-// weighted v_j, with position j's key and value at slot table[j / block_size] * block_size + j % block_size
-// (`stride` floats per slot). `scores` is scratch for `context` floats. One call per head, so that its loops run
-// inlined in the copy for this CPU.
-CLONES void attend(const float* q, const float* keys, const float* values, const int64_t* table, int64_t context,
-                   int64_t block_size, int64_t stride, int64_t dim, float scale, float* scores, float* out) {
+// out[i] += weights[j] * values_j[i] for j = 0 .. count - 1 in order, `count` value rows `stride` floats apart, `dim`
+// values each: the outputs held in vector registers across the rows, 64 at a time in four independent sums (the
+// plain loop loaded and stored every output once per row, and an add waited for the one before). Each output is
+// summed exactly as the plain loop sums it. GCC's vector type, so each CPU's copy gets its own registers.
+typedef float Vec16 __attribute__((vector_size(64)));
+template <int N>
+inline __attribute__((always_inline)) void add_weighted_rows_n(const float* weights, const float* values, int64_t count,
+                                                               int64_t stride, float* out) {
+  Vec16 acc[N];
+  std::memcpy(acc, out, sizeof acc);
+  for (int64_t j = 0; j < count; ++j) {
+    Vec16 v[N];
+    std::memcpy(v, values + j * stride, sizeof v);
+    for (int n = 0; n < N; ++n) acc[n] += weights[j] * v[n];
+  }
+  std::memcpy(out, acc, sizeof acc);
+}
+
+inline __attribute__((always_inline)) void add_weighted_rows(const float* weights, const float* values, int64_t count,
+                                                             int64_t stride, int64_t dim, float* out) {
+  int64_t i = 0;
+  for (; i + 64 <= dim; i += 64) add_weighted_rows_n<4>(weights, values + i, count, stride, out + i);
+  for (; i + 16 <= dim; i += 16) add_weighted_rows_n<1>(weights, values + i, count, stride, out + i);
+  for (; i < dim; ++i)
+    for (int64_t j = 0; j < count; ++j) out[i] += weights[j] * values[j * stride + i];
+}
+
+// Attention of `count` query heads that share one KV head (q: `count` heads of `dim` floats, one after another) over
+// the `context` first positions of their sequence: out[h] += softmax(q_h . k_j * scale) weighted v_j, with position
+// j's key and value at slot table[j / block_size] * block_size + j % block_size (`stride` floats per slot); out is
+// `count` heads of `dim` floats. `scores` is scratch for count * context floats. Block by block, every head of the run
+// takes the block's keys (and then its values) while they are in L1, so a grouped-query model reads each key and
+// value once per run rather than once per head; each head's arithmetic is what attending it alone computes, in the
+// same order. One call per run, so that its loops run inlined in the copy for this CPU.
+CLONES void attend(const float* q, int64_t count, const float* keys, const float* values, const int64_t* table,
+                   int64_t context, int64_t block_size, int64_t stride, int64_t dim, float scale, float* scores,
+                   float* out) {
   // Block by block: a division per position (a 64-bit divide is tens of cycles) cost more than its dot product.
-  float top = -INFINITY;
   for (int64_t start = 0; start < context; start += block_size) {
     const int64_t end = std::min(context, start + block_size);
-    key_scores(q, keys + table[start / block_size] * block_size * stride, stride, end - start, dim, scale,
-               scores + start);
-    for (int64_t j = start; j < end; ++j) top = std::max(top, scores[j]);
+    const float* k = keys + table[start / block_size] * block_size * stride;
+    for (int64_t h = 0; h < count; ++h)
+      key_scores(q + h * dim, k, stride, end - start, dim, scale, scores + h * context + start);
   }
-  exp_array(scores, scores, context, 1.f, top);
-  const float total = lane_sum(context, [=](int64_t j) { return scores[j]; });
+  for (int64_t h = 0; h < count; ++h) {
+    float* s = scores + h * context;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < context; ++j) top = std::max(top, s[j]);
+    exp_array(s, s, context, 1.f, top);
+  }
   for (int64_t start = 0; start < context; start += block_size) {
+    const int64_t end = std::min(context, start + block_size);
     const float* v = values + table[start / block_size] * block_size * stride;
-    for (int64_t j = start; j < std::min(context, start + block_size); ++j, v += stride)
-      for (int64_t i = 0; i < dim; ++i) out[i] += scores[j] * v[i];
+    for (int64_t h = 0; h < count; ++h)
+      add_weighted_rows(scores + h * context + start, v, end - start, stride, dim, out + h * dim);
   }
-  const float inverse = 1.f / total;
-  for (int64_t i = 0; i < dim; ++i) out[i] *= inverse;
+  for (int64_t h = 0; h < count; ++h) {
+    const float* s = scores + h * context;
+    const float inverse = 1.f / lane_sum(context, [=](int64_t j) { return s[j]; });
+    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] *= inverse;
+  }
 }
 
 }  // namespace
@@ -249,15 +288,18 @@ at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, 
   const int64_t* pos_p = pos.data_ptr<int64_t>();
   const int64_t* seq_p = seq.data_ptr<int64_t>();
   const int64_t* table_p = tables.data_ptr<int64_t>();
-  pool::parallel_for(rows * heads, 1, [&](int64_t begin, int64_t end) {
+  // A task is a run of query heads that share a KV head: the whole group where there are enough groups to keep every
+  // thread busy, else one head (a batch-1 step has as few groups as KV heads, 3 for the served model).
+  const int64_t run = rows * kv_heads >= 4 * pool::threads() ? group : 1, runs = heads / run;
+  pool::parallel_for(rows * runs, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / heads, h = task % heads, kvh = h / group, context = pos_p[t] + 1;
+      const int64_t t = task / runs, h = task % runs * run, kvh = h / group, context = pos_p[t] + 1;
       const int64_t* table = table_p + seq_p[t] * max_blocks;
       TORCH_CHECK((context + block_size - 1) / block_size <= max_blocks, "block table too short for row ", t);
-      scores.resize(context);
-      attend(q + (t * heads + h) * dim, cache + kvh * dim, cache + cache_half + kvh * dim, table, context, block_size,
-             kv_heads * dim, dim, (float)scale, scores.data(), o + (t * heads + h) * dim);
+      scores.resize(run * context);
+      attend(q + (t * heads + h) * dim, run, cache + kvh * dim, cache + cache_half + kvh * dim, table, context,
+             block_size, kv_heads * dim, dim, (float)scale, scores.data(), o + (t * heads + h) * dim);
     }
   });
   return out;
