@@ -54,10 +54,10 @@ def empty_bytes(nbytes: int) -> torch.Tensor:
     return whole[start : start + nbytes]
 
 
-def _madvise(address: int, length: int, advice: int) -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
+def _madvise(address: int, length: int, advice: int) -> None:
+    libc = ctypes.CDLL(None)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise(address, length, advice) == 0
+    libc.madvise(address, length, advice)
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
