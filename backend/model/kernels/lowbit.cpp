@@ -133,21 +133,32 @@ Kernels kernels_for(int isa, int format) {
   return wide_on_avx2::kernels(format, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
 }
 
-// x scaled per input by `input_scale` (what the tile kernels multiply), and where blocks have m the sum of x over each block.
-std::pair<at::Tensor, at::Tensor> scaled_inputs(const at::Tensor& x, int format) {
+// x scaled per input by `input_scale` (what the tile kernels multiply), and where blocks have m the sum of x over
+// each block, in the calling thread's scratch, which the pool's workers read while this thread waits for them in
+// pool::run. No tensors: their allocations were half of a one-row call's serial setup (about 1 us of 2 per call,
+// 121 calls a step; docs/benchmarks.md).
+struct ScaledInputs {
+  const float* scaled;
+  const float* sums;
+};
+
+ScaledInputs scaled_inputs(const at::Tensor& x, int format) {
   const int64_t rows = x.size(0), in_features = x.size(1), blocks = in_features / kBlock;
   // One block's pattern of scales (a word's repeats), so that the loop below has a fixed trip count and no
   // division per input.
+  const int per_word = inputs_per_word(format);
   float scale[kBlock];
-  for (int j = 0; j < kBlock; ++j) scale[j] = input_scale(format, j % inputs_per_word(format));
-  auto xs = at::empty_like(x);
-  auto sums = at::empty({has_min(format) ? rows : 0, blocks}, x.options());
+  for (int j = 0; j < per_word; ++j) scale[j] = input_scale(format, j);
+  for (int j = per_word; j < kBlock; ++j) scale[j] = scale[j - per_word];
+  thread_local std::vector<float> xs, sums;
+  xs.resize(rows * in_features);
+  sums.resize(has_min(format) ? rows * blocks : 0);
   const float* in = x.data_ptr<float>();
-  float* scaled = xs.data_ptr<float>();
+  float* scaled = xs.data();
   for (int64_t b = 0; b < rows * blocks; ++b)
     for (int j = 0; j < kBlock; ++j) scaled[b * kBlock + j] = in[b * kBlock + j] * scale[j];
   if (has_min(format)) {
-    float* s = sums.data_ptr<float>();
+    float* s = sums.data();
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t b = 0; b < blocks; ++b) {
         const float* xb = in + r * in_features + b * kBlock;
@@ -156,7 +167,7 @@ std::pair<at::Tensor, at::Tensor> scaled_inputs(const at::Tensor& x, int format)
         s[r * blocks + b] = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
       }
   }
-  return {xs, sums};
+  return {xs.data(), sums.data()};
 }
 
 }  // namespace
@@ -201,10 +212,8 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
   // f16 and bf16: the dense kernel over the stored tile, on x as is.
   const bool half = is_half(format);
   const bool buffered = !half && rows > k.buffer_above;
-  const auto [scaled, sums] = buffered || half ? std::pair{x, x} : scaled_inputs(x, (int)format);
   const float* xp = x.data_ptr<float>();
-  const float* xs = scaled.data_ptr<float>();
-  const float* sp = sums.data_ptr<float>();
+  const auto [xs, sp] = buffered || half ? ScaledInputs{xp, xp} : scaled_inputs(x, (int)format);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t grain = tile_grain(tiles, blocks * std::max<int64_t>(rows, 1));
