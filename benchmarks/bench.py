@@ -42,6 +42,7 @@ import gc
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -189,7 +190,18 @@ def run_sections(bench: Bench, only: list[int], workdir: Path) -> tuple[dict[int
     return sections, errors
 
 
+def exit_on_sigterm() -> None:
+    """End the run on SIGTERM (`timeout`, a cancelled job) as on Ctrl-C: through every `finally`, so that the
+    tritonserver and llama-server it started (each in a session of its own) are stopped, not left running."""
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
+    exit_on_sigterm()
     args = parse_args(argv)
     from backend.model.hardware import serving_threads
 

@@ -36,7 +36,7 @@ class Server:
             self.pids = thread_cpu.process_tree(self.proc.pid)  # tritonserver and its stubs
             for model in variants:  # warm-up
                 run_triton(self.grpc_url, model, [(PROMPTS[0], 4)] * 2, GREEDY, 2)
-        except Exception:
+        except BaseException:  # SIGTERM (bench.exit_on_sigterm) too: no server left running
             self.stop()
             raise
         log("tritonserver ready")

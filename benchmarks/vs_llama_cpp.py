@@ -145,7 +145,7 @@ class LlamaServer:
         try:
             self._wait_until_ready(timeout_s=120)
             self.run([(PROMPTS[0], 4)] * 2, 2)  # warm-up
-        except Exception:
+        except BaseException:  # SIGTERM (bench.exit_on_sigterm) too: no server left running
             self.stop()
             raise
 

@@ -144,6 +144,30 @@ def bench_with_fake_llama_cpp(tmp_path: Path, model: str) -> Bench:
     return Bench(args, make_settings(args), tmp_path)
 
 
+def test_sigterm_ends_a_run_through_its_finally_blocks(tmp_path):
+    """llm-bench stops the servers it started in `finally` blocks; a SIGTERM must reach them as Ctrl-C does, not
+    kill the process past them and leave tritonserver and llama-server running (they have sessions of their own)."""
+    marker = tmp_path / "stopped"
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from benchmarks.bench import exit_on_sigterm
+        exit_on_sigterm()
+        try:
+            print("running", flush=True)
+            time.sleep(60)
+        finally:
+            open(sys.argv[1], "w").write("servers stopped")
+        """
+    )
+    repo = Path(__file__).parents[2]
+    run = subprocess.Popen([sys.executable, "-c", script, str(marker)], stdout=subprocess.PIPE, cwd=repo)
+    assert run.stdout.readline().strip() == b"running"
+    run.terminate()
+    assert run.wait(timeout=30) == 128 + 15
+    assert marker.read_text() == "servers stopped"
+
+
 def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
     import matplotlib
 
