@@ -135,8 +135,8 @@ Kernels kernels_for(int isa, int format) {
 
 // x scaled per input by `input_scale` (what the tile kernels multiply), and where blocks have m the sum of x over
 // each block, in the calling thread's scratch, which the pool's workers read while this thread waits for them in
-// pool::run. No tensors: their allocations were half of a one-row call's serial setup (about 1 us of 2 per call,
-// 121 calls a step; docs/benchmarks.md).
+// pool::run. No tensors: with their allocations a one-row call spent about 0.6 us more of its 2 us serial setup
+// (121 calls a step; docs/benchmarks.md, "The one-row pass, op by op").
 struct ScaledInputs {
   const float* scaled;
   const float* sums;
