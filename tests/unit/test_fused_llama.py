@@ -211,20 +211,38 @@ class CountingStack:
         return self.stack.forward(*args)
 
 
+def assert_stack_is_the_python_loop(native: ModelRunner, python: ModelRunner) -> None:
+    """`native` (its decoder stack in use) and `python` (the same model, its stack taken away) give the same bits
+    over ragged steps, and the stack ran."""
+    assert native.fused.stack is not None and native.fused.stack.layers() == len(native.fused.layers)
+    native.fused.stack = counting = CountingStack(native.fused.stack)
+    python.fused.stack, python.fused.stack_rows = None, 0
+    for got, want in zip(ragged_steps(native), ragged_steps(python)):
+        assert torch.equal(got, want)
+    assert counting.calls >= 2
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_decoder_stack_is_the_python_layer_loop_bit_for_bit(family, tiny_model_factory):
     """Short steps run every decoder layer in one native call (kernels/decoder_stack.cpp) where all projections
     are low-bit kernel layers: the same calls as the Python loop, so the same bits (qwen2: with q/k/v biases;
     qwen3: with query and key head norms)."""
     path = tiny_model_factory(family)
-    native = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
-    assert native.fused.stack is not None and native.fused.stack.layers() == len(native.fused.layers)
-    native.fused.stack = counting = CountingStack(native.fused.stack)
-    python = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0")
-    python.fused.stack, python.fused.stack_rows = None, 0
-    for got, want in zip(ragged_steps(native), ragged_steps(python)):
-        assert torch.equal(got, want)
-    assert counting.calls >= 2
+    runners = [ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0") for _ in range(2)]
+    assert_stack_is_the_python_loop(*runners)
+
+
+def test_decoder_stack_writes_each_format_of_a_projection_into_its_columns(tmp_path):
+    """A GGUF file's fused QKV holds segments of different block formats (here Q4_K queries, Q5_0 keys, Q6_K
+    values): the stack writes each segment into its columns of one output, where the Python loop concatenates
+    them, and gets the same bits."""
+    from testkit.tiny_gguf import DEFAULT_TYPES, write_tiny_gguf
+
+    low_bit = {role: kind for role, kind in DEFAULT_TYPES.items() if kind not in ("F32", "F16", "BF16")}
+    path = str(write_tiny_gguf(tmp_path / "mixed.gguf", types=low_bit))
+    runners = [ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, quantization="gguf") for _ in range(2)]
+    assert len(set(runners[0].fused.layers[0].qkv.formats)) == 3
+    assert_stack_is_the_python_loop(*runners)
 
 
 def test_no_decoder_stack_where_a_projection_is_dense(tiny_llama):

@@ -3,10 +3,13 @@
 // blocks, O projection, residual + RMSNorm, gate/up, SiLU * up, down, residual + RMSNorm; then the final norm and
 // the LM head for the rows that sample. Exactly the calls FusedLlama._forward_short makes from Python (so the
 // results are bit for bit the same), without a Python round trip and tensor conversion between them: about 240
-// calls per step of the served model, and the GIL released for the whole pass. Built once at load from the
-// weights, where every projection and the LM head are low-bit kernel layers.
+// calls per step of the served model, and the GIL released for the whole pass. The layers' activations live in one
+// workspace allocated per pass and the ops take raw rows (ops.h), so a layer allocates and checks nothing: at one
+// row those tensors and checks were about 0.25 ms of a 4 ms pass (docs/benchmarks.md, "One workspace per pass").
+// Built once at load from the weights, where every projection and the LM head are low-bit kernel layers.
 #include <torch/extension.h>
 
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -15,19 +18,54 @@
 namespace {
 
 // One projection on the low-bit kernel, as LowBitLinear computes it: output rows in segments of one block format
-// each, concatenated; bias added after, as `out + bias`.
+// each, side by side; bias added after, as `out + bias` (the same fp32 sum).
 struct Projection {
   std::vector<at::Tensor> packed;
   std::vector<int64_t> out_features, formats;
   c10::optional<at::Tensor> bias;
+  int64_t in_features = 0;
+
+  int64_t width() const { return std::accumulate(out_features.begin(), out_features.end(), int64_t{0}); }
+
+  // Checks the weights against `in` inputs (once, at load: `into` checks nothing).
+  void check(int64_t in, int64_t isa) {
+    in_features = in;
+    for (size_t i = 0; i < packed.size(); ++i) check_lowbit_packed(packed[i], in, out_features[i], formats[i], isa);
+    if (bias.has_value()) {
+      bias = bias->contiguous();
+      TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == width(), "a bias must be float32, one per row");
+    }
+  }
+
+  // out [rows, width()] = x [rows, in_features] @ W^T (+ bias).
+  void into(const float* x, int64_t rows, float* out, int64_t isa) const {
+    const int64_t w = width();
+    int64_t column = 0;
+    for (size_t i = 0; i < packed.size(); ++i) {
+      lowbit_linear_into(x, rows, in_features, packed[i], out_features[i], formats[i], isa, out + column, w);
+      column += out_features[i];
+    }
+    if (bias.has_value()) {
+      const float* b = bias->data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < w; ++c) out[r * w + c] += b[c];
+    }
+  }
 
   at::Tensor operator()(const at::Tensor& x, int64_t isa) const {
-    std::vector<at::Tensor> outs;
-    for (size_t i = 0; i < packed.size(); ++i) outs.push_back(lowbit_linear(x, packed[i], out_features[i], formats[i], isa));
-    at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 1);
-    return bias.has_value() ? out + *bias : out;
+    TORCH_CHECK(x.is_contiguous() && x.size(1) == in_features, "the projection takes ", in_features, " inputs");
+    at::Tensor out = at::empty({x.size(0), width()}, x.options());
+    into(x.data_ptr<float>(), x.size(0), out.data_ptr<float>(), isa);
+    return out;
   }
 };
+
+// A float32 [rows, width] tensor, checked.
+void check_rows(const at::Tensor& t, int64_t rows, int64_t width, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2 && t.size(0) == rows &&
+                  t.size(1) == width,
+              name, " must be a contiguous float32 [", rows, ", ", width, "] tensor");
+}
 
 }  // namespace
 
@@ -48,6 +86,25 @@ class DecoderStack {
                 "a decoder stack needs 2 norms and 4 projections per layer, then the final norm and the LM head");
     TORCH_CHECK(head_norms_.empty() || head_norms_.size() + 1 == norms_.size(), "head norms: none, or 2 per layer");
     for (size_t i = 0; i < packed.size(); ++i) projections_.push_back({packed[i], out_features[i], formats[i], biases[i]});
+    hidden_ = norms_[0].numel();
+    qkv_width_ = projections_[0].width();
+    TORCH_CHECK(qkv_width_ % (heads_ + 2 * kv_heads_) == 0, "QKV's rows do not split into the heads");
+    dim_ = qkv_width_ / (heads_ + 2 * kv_heads_);
+    intermediate_ = projections_[2].width() / 2;
+    for (int64_t i = 0; i < layers(); ++i) {
+      const Projection* p = &projections_[4 * i];
+      TORCH_CHECK(p[0].width() == qkv_width_ && p[1].width() == hidden_ && p[2].width() == 2 * intermediate_ &&
+                      p[3].width() == hidden_,
+                  "layer ", i, "'s projections differ in shape from the first layer's");
+      projections_[4 * i].check(hidden_, isa_);
+      projections_[4 * i + 1].check(heads_ * dim_, isa_);
+      projections_[4 * i + 2].check(hidden_, isa_);
+      projections_[4 * i + 3].check(intermediate_, isa_);
+    }
+    for (const at::Tensor& norm : norms_)
+      TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.is_contiguous() && norm.numel() == hidden_,
+                  "every norm must be float32, one per hidden unit");
+    projections_.back().check(hidden_, isa_);
   }
 
   int64_t layers() const { return (int64_t)norms_.size() / 2; }
@@ -65,22 +122,60 @@ class DecoderStack {
   }
 
   // `hidden` [T, H] the residual stream (updated in place), `normed` its input-normed rows for the first layer,
-  // `kv_cache` [layers, ...] (paged_attention.py), `keep` the rows that sample. Returns their logits.
+  // `kv_cache` [layers, ...] (paged_attention.py), `keep` the rows that sample. Returns their logits. The layers'
+  // activations live in one workspace allocated per pass, each op writing into its slice of it.
   at::Tensor forward(at::Tensor hidden, at::Tensor normed, at::Tensor cos, at::Tensor sin,
                      at::Tensor kv_cache, at::Tensor slots, at::Tensor positions, at::Tensor row_seq,
                      at::Tensor block_tables, at::Tensor keep) const {
-    const int64_t n = layers();
-    TORCH_CHECK(kv_cache.size(0) >= n, "the KV cache has ", kv_cache.size(0), " layers, the stack ", n);
-    at::Tensor delta;
+    const int64_t n = layers(), rows = hidden.size(0);
+    check_rows(hidden, rows, hidden_, "hidden");
+    check_rows(normed, rows, hidden_, "normed");
+    check_rows(cos, rows, dim_, "cos");
+    check_rows(sin, rows, dim_, "sin");
+    TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.is_contiguous() && kv_cache.dim() == 6 &&
+                    kv_cache.size(0) >= n && kv_cache.size(4) == kv_heads_ && kv_cache.size(5) == dim_,
+                "kv_cache must be contiguous float32 [layers, 2, blocks, block_size, ", kv_heads_, ", ", dim_, "]");
+    const at::Tensor slot = slots.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
+    const at::Tensor seq = row_seq.to(at::kLong).contiguous(), tables = block_tables.to(at::kLong).contiguous();
+    TORCH_CHECK(slot.numel() == rows && pos.numel() == rows && seq.numel() == rows && tables.dim() == 2,
+                "slots, positions and row_seq need one entry per row; block_tables [sequences, max_blocks]");
+    const int64_t layer_floats = kv_cache.numel() / kv_cache.size(0);
+    PagedKv kv{nullptr, layer_floats / 2, kv_cache.size(3), heads_, kv_heads_, dim_, tables.size(1),
+               slot.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), seq.data_ptr<int64_t>(),
+               tables.data_ptr<int64_t>(), (float)scale_};
+    const int64_t attention_width = heads_ * dim_;
+    // slices of the workspace, [rows, width] each
+    const std::vector<int64_t> widths{qkv_width_, attention_width, attention_width, hidden_, hidden_,
+                                      2 * intermediate_, intermediate_, hidden_};
+    std::vector<int64_t> offsets{0};
+    for (int64_t w : widths) offsets.push_back(offsets.back() + rows * w);
+    at::Tensor workspace = at::empty({offsets.back()}, hidden.options());
+    std::vector<float*> slice;
+    for (size_t b = 0; b < widths.size(); ++b) slice.push_back(workspace.data_ptr<float>() + offsets[b]);
+    float *qkv = slice[0], *queries = slice[1], *attended = slice[2], *projected = slice[3], *next_normed = slice[4],
+          *gate_up = slice[5], *gated = slice[6], *delta = slice[7];
+    float* h = hidden.data_ptr<float>();
+    const float* layer_input = normed.data_ptr<float>();
     for (int64_t i = 0; i < n; ++i) {
       const Projection* p = &projections_[4 * i];
-      at::Tensor attended = rope_paged_attention(head_normed(p[0](normed, isa_), i), cos, sin, kv_cache[i], slots, positions, row_seq,
-                                                 block_tables, heads_, kv_heads_, scale_);
-      normed = add_rms_norm(hidden, p[1](attended, isa_), norms_[2 * i + 1], eps_);
-      delta = p[3](silu_mul(p[2](normed, isa_)), isa_);
-      if (i + 1 < n) normed = add_rms_norm(hidden, delta, norms_[2 * i + 2], eps_);
+      p[0].into(layer_input, rows, qkv, isa_);
+      at::Tensor normed_heads;  // Qwen3's head norms: a tensor of its own
+      if (!head_norms_.empty())
+        normed_heads = head_normed(at::from_blob(qkv, {rows, qkv_width_}, hidden.options()), i);
+      kv.cache = kv_cache.data_ptr<float>() + i * layer_floats;
+      rope_paged_attention_into(normed_heads.defined() ? normed_heads.data_ptr<float>() : qkv, cos.data_ptr<float>(),
+                                sin.data_ptr<float>(), rows, kv, queries, attended);
+      p[1].into(attended, rows, projected, isa_);
+      add_rms_norm_into(h, projected, norms_[2 * i + 1].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
+      p[2].into(next_normed, rows, gate_up, isa_);
+      silu_mul_into(gate_up, gated, rows, intermediate_);
+      p[3].into(gated, rows, delta, isa_);
+      if (i + 1 < n)
+        add_rms_norm_into(h, delta, norms_[2 * i + 2].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
+      layer_input = next_normed;
     }
-    const at::Tensor last = add_rms_norm(hidden.index_select(0, keep), delta.index_select(0, keep), norms_.back(), eps_);
+    const at::Tensor deltas = workspace.narrow(0, offsets[7], rows * hidden_).view({rows, hidden_});
+    const at::Tensor last = add_rms_norm(hidden.index_select(0, keep), deltas.index_select(0, keep), norms_.back(), eps_);
     return projections_.back()(last, isa_);
   }
 
@@ -88,6 +183,7 @@ class DecoderStack {
   std::vector<at::Tensor> norms_, head_norms_;
   std::vector<Projection> projections_;
   int64_t isa_, heads_, kv_heads_;
+  int64_t hidden_ = 0, qkv_width_ = 0, dim_ = 0, intermediate_ = 0;
   double scale_, eps_;
 };
 

@@ -212,6 +212,12 @@ CLONES void attend(const float* q, int64_t count, const float* keys, const float
 
 int64_t layer_ops_isa() { return clone_isa(); }
 
+void add_rms_norm_into(float* hidden, const float* delta, const float* weight, float* out, int64_t rows, int64_t n,
+                       float eps) {
+  for (int64_t r = 0; r < rows; ++r)
+    add_rms_row(hidden + r * n, delta != nullptr ? delta + r * n : nullptr, weight, out + r * n, n, eps);
+}
+
 // hidden += delta (when given), then RMSNorm(hidden) * weight; hidden is updated in place.
 at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps) {
   TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.is_contiguous() && hidden.dim() == 2,
@@ -225,10 +231,13 @@ at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::
   at::Tensor w = weight.contiguous();
   TORCH_CHECK(w.numel() == n && w.scalar_type() == at::kFloat, "weight must hold one float32 per column");
   auto out = at::empty_like(hidden);
-  for (int64_t r = 0; r < rows; ++r)
-    add_rms_row(hidden.data_ptr<float>() + r * n, d.defined() ? d.data_ptr<float>() + r * n : nullptr,
-                w.data_ptr<float>(), out.data_ptr<float>() + r * n, n, (float)eps);
+  add_rms_norm_into(hidden.data_ptr<float>(), d.defined() ? d.data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                    out.data_ptr<float>(), rows, n, (float)eps);
   return out;
+}
+
+void silu_mul_into(const float* gate_up, float* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) silu_mul_row(gate_up + r * 2 * n, gate_up + r * 2 * n + n, out + r * n, n);
 }
 
 // SiLU(gate_up[:, :I]) * gate_up[:, I:] for gate_up [T, 2I].
@@ -238,9 +247,40 @@ at::Tensor silu_mul(at::Tensor gate_up) {
   gate_up = gate_up.contiguous();
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
   auto out = at::empty({rows, n}, gate_up.options());
-  const float* g = gate_up.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) silu_mul_row(g + r * 2 * n, g + r * 2 * n + n, out.data_ptr<float>() + r * n, n);
+  silu_mul_into(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, n);
   return out;
+}
+
+void rope_paged_attention_into(const float* x, const float* cos, const float* sin, int64_t rows, const PagedKv& kv,
+                               float* q, float* o) {
+  const int64_t heads = kv.heads, kv_heads = kv.kv_heads, dim = kv.dim, width = (heads + 2 * kv_heads) * dim;
+  for (int64_t t = 0; t < rows; ++t) {  // RoPE on q and k, keys and values into their slots
+    const float* c = cos + t * dim;
+    const float* s = sin + t * dim;
+    for (int64_t h = 0; h < heads; ++h) rope_head(x + t * width + h * dim, c, s, q + (t * heads + h) * dim, dim);
+    float* key_slot = kv.cache + kv.slots[t] * kv_heads * dim;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      rope_head(x + t * width + (heads + h) * dim, c, s, key_slot + h * dim, dim);
+      const float* v = x + t * width + (heads + kv_heads + h) * dim;
+      std::copy(v, v + dim, kv.cache + kv.cache_half + kv.slots[t] * kv_heads * dim + h * dim);
+    }
+  }
+  std::fill(o, o + rows * heads * dim, 0.f);
+  const int64_t group = heads / kv_heads;
+  // A task is a run of query heads that share a KV head: the whole group where there are enough groups to keep every
+  // thread busy, else one head (a batch-1 step has as few groups as KV heads, 3 for the served model).
+  const int64_t run = rows * kv_heads >= 4 * pool::threads() ? group : 1, runs = heads / run;
+  pool::parallel_for(rows * runs, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / runs, h = task % runs * run, kvh = h / group, context = kv.positions[t] + 1;
+      const int64_t* table = kv.block_tables + kv.row_seq[t] * kv.max_blocks;
+      TORCH_CHECK((context + kv.block_size - 1) / kv.block_size <= kv.max_blocks, "block table too short for row ", t);
+      scores.resize(run * context);
+      attend(q + (t * heads + h) * dim, run, kv.cache + kvh * dim, kv.cache + kv.cache_half + kvh * dim, table,
+             context, kv.block_size, kv_heads * dim, dim, kv.scale, scores.data(), o + (t * heads + h) * dim);
+    }
+  });
 }
 
 // One layer's attention for a step of short queries, reading the paged KV cache in place.
@@ -262,45 +302,16 @@ at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, 
   auto pos = positions.to(at::kLong).contiguous();
   auto seq = row_seq.to(at::kLong).contiguous();
   auto tables = block_tables.to(at::kLong).contiguous();
-  const int64_t rows = qkv.size(0), dim = layer_cache.size(4), block_size = layer_cache.size(2);
-  const int64_t cache_half = layer_cache.numel() / 2, width = (heads + 2 * kv_heads) * dim;
-  TORCH_CHECK(qkv.size(1) == width && layer_cache.size(3) == kv_heads, "qkv / cache shapes do not match the heads");
+  const int64_t rows = qkv.size(0), dim = layer_cache.size(4);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && layer_cache.size(3) == kv_heads,
+              "qkv / cache shapes do not match the heads");
   TORCH_CHECK(cos.size(0) == rows && cos.size(1) == dim && sin.sizes() == cos.sizes(), "cos/sin must be [T, D]");
-  float* cache = layer_cache.data_ptr<float>();
-  const float* x = qkv.data_ptr<float>();
+  const PagedKv kv{layer_cache.data_ptr<float>(), layer_cache.numel() / 2, layer_cache.size(2), heads, kv_heads, dim,
+                   tables.size(1), slot.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), seq.data_ptr<int64_t>(),
+                   tables.data_ptr<int64_t>(), (float)scale};
   auto queries = at::empty({rows, heads * dim}, qkv.options());
-  float* q = queries.data_ptr<float>();
-  const int64_t* slot_p = slot.data_ptr<int64_t>();
-  for (int64_t t = 0; t < rows; ++t) {  // RoPE on q and k, keys and values into their slots
-    const float* c = cos.data_ptr<float>() + t * dim;
-    const float* s = sin.data_ptr<float>() + t * dim;
-    for (int64_t h = 0; h < heads; ++h) rope_head(x + t * width + h * dim, c, s, q + (t * heads + h) * dim, dim);
-    float* key_slot = cache + slot_p[t] * kv_heads * dim;
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      rope_head(x + t * width + (heads + h) * dim, c, s, key_slot + h * dim, dim);
-      const float* v = x + t * width + (heads + kv_heads + h) * dim;
-      std::copy(v, v + dim, cache + cache_half + slot_p[t] * kv_heads * dim + h * dim);
-    }
-  }
-  auto out = at::zeros({rows, heads * dim}, qkv.options());
-  float* o = out.data_ptr<float>();
-  const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
-  const int64_t* pos_p = pos.data_ptr<int64_t>();
-  const int64_t* seq_p = seq.data_ptr<int64_t>();
-  const int64_t* table_p = tables.data_ptr<int64_t>();
-  // A task is a run of query heads that share a KV head: the whole group where there are enough groups to keep every
-  // thread busy, else one head (a batch-1 step has as few groups as KV heads, 3 for the served model).
-  const int64_t run = rows * kv_heads >= 4 * pool::threads() ? group : 1, runs = heads / run;
-  pool::parallel_for(rows * runs, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / runs, h = task % runs * run, kvh = h / group, context = pos_p[t] + 1;
-      const int64_t* table = table_p + seq_p[t] * max_blocks;
-      TORCH_CHECK((context + block_size - 1) / block_size <= max_blocks, "block table too short for row ", t);
-      scores.resize(run * context);
-      attend(q + (t * heads + h) * dim, run, cache + kvh * dim, cache + cache_half + kvh * dim, table, context,
-             block_size, kv_heads * dim, dim, (float)scale, scores.data(), o + (t * heads + h) * dim);
-    }
-  });
+  auto out = at::empty({rows, heads * dim}, qkv.options());
+  rope_paged_attention_into(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows, kv,
+                            queries.data_ptr<float>(), out.data_ptr<float>());
   return out;
 }

@@ -142,8 +142,8 @@ struct ScaledInputs {
   const float* sums;
 };
 
-ScaledInputs scaled_inputs(const at::Tensor& x, int format) {
-  const int64_t rows = x.size(0), in_features = x.size(1), blocks = in_features / kBlock;
+ScaledInputs scaled_inputs(const float* in, int64_t rows, int64_t in_features, int format) {
+  const int64_t blocks = in_features / kBlock;
   // One block's pattern of scales (a word's repeats), so that the loop below has a fixed trip count and no
   // division per input.
   const int per_word = inputs_per_word(format);
@@ -153,7 +153,6 @@ ScaledInputs scaled_inputs(const at::Tensor& x, int format) {
   thread_local std::vector<float> xs, sums;
   xs.resize(rows * in_features);
   sums.resize(has_min(format) ? rows * blocks : 0);
-  const float* in = x.data_ptr<float>();
   float* scaled = xs.data();
   for (int64_t b = 0; b < rows * blocks; ++b)
     for (int j = 0; j < kBlock; ++j) scaled[b * kBlock + j] = in[b * kBlock + j] * scale[j];
@@ -188,34 +187,52 @@ int64_t best_isa() {
   return 0;
 }
 
+void check_lowbit_packed(const at::Tensor& packed, int64_t in_features, int64_t out_features, int64_t format,
+                         int64_t isa) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
+  if (format == Q4_1_INT8) return;  // lowbit_linear_int8 checks its own records
+  TORCH_CHECK(known_format(format), "unknown block format ", format);
+  TORCH_CHECK(isa == ISA_AVX2 || isa == ISA_AVX512 || isa == ISA_WIDE_ON_AVX2, "unknown instruction set ", isa);
+  TORCH_CHECK((isa == ISA_WIDE_ON_AVX2 ? ISA_AVX2 : isa) <= best_isa(), "this CPU does not run instruction set ", isa);
+  TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32, got ", in_features);
+  const int64_t expected = (out_features + kTile - 1) / kTile * (in_features / kBlock) * record_bytes((int)format);
+  TORCH_CHECK(packed.numel() == expected, "packed holds ", packed.numel(), " bytes, expected ", expected);
+}
+
 // y [M, N] = x [M, K] @ W^T for W packed as above (N rows, K inputs, `format`), on `isa`.
 at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format,
                             int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
+  check_lowbit_packed(packed, x.size(1), out_features, format, isa);
   if (format == Q4_1_INT8) return lowbit_linear_int8(x, packed, out_features, isa);
-  TORCH_CHECK(known_format(format), "unknown block format ", format);
-  TORCH_CHECK(isa == ISA_AVX2 || isa == ISA_AVX512 || isa == ISA_WIDE_ON_AVX2, "unknown instruction set ", isa);
-  TORCH_CHECK((isa == ISA_WIDE_ON_AVX2 ? ISA_AVX2 : isa) <= best_isa(), "this CPU does not run instruction set ", isa);
   x = x.contiguous();
-  const int64_t rows = x.size(0), in_features = x.size(1);
-  TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32, got ", in_features);
+  auto out = at::empty({x.size(0), out_features}, x.options());
+  lowbit_linear_into(x.data_ptr<float>(), x.size(0), x.size(1), packed, out_features, format, isa,
+                     out.data_ptr<float>(), out_features);
+  return out;
+}
+
+void lowbit_linear_into(const float* xp, int64_t rows, int64_t in_features, const at::Tensor& packed,
+                        int64_t out_features, int64_t format, int64_t isa, float* op, int64_t ldo) {
+  if (format == Q4_1_INT8) {  // a tensor call, its result copied: not a path the decoder stack's speed rests on
+    const at::Tensor y = lowbit_linear_int8(at::from_blob(const_cast<float*>(xp), {rows, in_features}, at::kFloat),
+                                            packed, out_features, isa);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(op + r * ldo, y.data_ptr<float>() + r * out_features, out_features * sizeof(float));
+    return;
+  }
   const int64_t blocks = in_features / kBlock;
   const int64_t tiles = (out_features + kTile - 1) / kTile;
   const int64_t tile_bytes = blocks * record_bytes(format);
-  TORCH_CHECK(packed.numel() == tiles * tile_bytes, "packed holds ", packed.numel(), " bytes, expected ",
-              tiles * tile_bytes);
-  auto out = at::empty({rows, out_features}, x.options());
   const Kernels k = kernels_for((int)isa, (int)format);
   // Up to `buffer_above` rows: the tile kernels, on x scaled per input. More rows: de-quantize each tile once into
   // a per-thread buffer and stream every row block over it, on x as is.
   // f16 and bf16: the dense kernel over the stored tile, on x as is.
   const bool half = is_half(format);
   const bool buffered = !half && rows > k.buffer_above;
-  const float* xp = x.data_ptr<float>();
-  const auto [xs, sp] = buffered || half ? ScaledInputs{xp, xp} : scaled_inputs(x, (int)format);
+  const auto [xs, sp] =
+      buffered || half ? ScaledInputs{xp, xp} : scaled_inputs(xp, rows, in_features, (int)format);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  float* op = out.data_ptr<float>();
   const int64_t grain = tile_grain(tiles, blocks * std::max<int64_t>(rows, 1));
   pool::parallel_for(tiles, grain, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> w;
@@ -226,17 +243,15 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
       if (buffered) k.dequant(tile, blocks, w.data());
       for (int64_t r = 0; r < rows; r += k.rows) {
         const int chunk = (int)std::min<int64_t>(k.rows, rows - r);
-        float* o = op + r * out_features + t * kTile;
+        float* o = op + r * ldo + t * kTile;
         if (half)
-          k.dense[chunk - 1](xp + r * in_features, in_features, tile, in_features, o, out_features, valid);
+          k.dense[chunk - 1](xp + r * in_features, in_features, tile, in_features, o, ldo, valid);
         else if (buffered)
-          k.dense[chunk - 1](xp + r * in_features, in_features, (const uint8_t*)w.data(), in_features, o,
-                             out_features, valid);
+          k.dense[chunk - 1](xp + r * in_features, in_features, (const uint8_t*)w.data(), in_features, o, ldo,
+                             valid);
         else
-          k.tile[chunk - 1](xs + r * in_features, in_features, sp + r * blocks, blocks, tile, blocks, o, out_features,
-                            valid);
+          k.tile[chunk - 1](xs + r * in_features, in_features, sp + r * blocks, blocks, tile, blocks, o, ldo, valid);
       }
     }
   });
-  return out;
 }

@@ -5,6 +5,9 @@
 int64_t best_isa();       // lowbit.cpp
 int64_t layer_ops_isa();  // layer_ops.cpp
 at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format, int64_t isa);
+// What lowbit_linear checks of its weights (x [M, in_features] besides).
+void check_lowbit_packed(const at::Tensor& packed, int64_t in_features, int64_t out_features, int64_t format,
+                         int64_t isa);
 // Tiles per task of a low-bit matmul: a few microseconds of work (worth waking a thread for), and at least 4
 // tasks per thread where the layer has the tiles, so the work splits evenly (lowbit.cpp).
 int64_t tile_grain(int64_t tiles, int64_t block_rows_per_tile);
@@ -16,3 +19,22 @@ at::Tensor silu_mul(at::Tensor gate_up);
 at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor layer_cache,
                                 at::Tensor slots, at::Tensor positions, at::Tensor row_seq, at::Tensor block_tables,
                                 int64_t heads, int64_t kv_heads, double scale);
+
+// The same ops on raw rows, for the decoder stack (decoder_stack.cpp), which checks its shapes once per pass and
+// keeps its activations in one workspace: the tensor functions above check, allocate their result and call these.
+// lowbit_linear_into writes row r of y at out + r * ldo (a column slice of a wider output, where ldo > out_features).
+void lowbit_linear_into(const float* x, int64_t rows, int64_t in_features, const at::Tensor& packed,
+                        int64_t out_features, int64_t format, int64_t isa, float* out, int64_t ldo);
+void add_rms_norm_into(float* hidden, const float* delta, const float* weight, float* out, int64_t rows, int64_t n,
+                       float eps);
+void silu_mul_into(const float* gate_up, float* out, int64_t rows, int64_t n);
+// A layer's paged KV cache and the step's rows' places in it (rope_paged_attention's arguments as raw pointers).
+struct PagedKv {
+  float* cache;  // [2, blocks, block_size, kv_heads, dim]: keys, then values
+  int64_t cache_half, block_size, heads, kv_heads, dim, max_blocks;
+  const int64_t *slots, *positions, *row_seq, *block_tables;
+  float scale;
+};
+// out [rows, heads * dim] (overwritten); `queries` is scratch for as many floats.
+void rope_paged_attention_into(const float* qkv, const float* cos, const float* sin, int64_t rows, const PagedKv& kv,
+                               float* queries, float* out);
