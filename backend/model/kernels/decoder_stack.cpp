@@ -11,6 +11,7 @@
 
 #include <numeric>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ops.h"
@@ -144,16 +145,14 @@ class DecoderStack {
                slot.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), seq.data_ptr<int64_t>(),
                tables.data_ptr<int64_t>(), (float)scale_};
     const int64_t attention_width = heads_ * dim_;
-    // slices of the workspace, [rows, width] each
-    const std::vector<int64_t> widths{qkv_width_, attention_width, attention_width, hidden_, hidden_,
-                                      2 * intermediate_, intermediate_, hidden_};
-    std::vector<int64_t> offsets{0};
-    for (int64_t w : widths) offsets.push_back(offsets.back() + rows * w);
-    at::Tensor workspace = at::empty({offsets.back()}, hidden.options());
-    std::vector<float*> slice;
-    for (size_t b = 0; b < widths.size(); ++b) slice.push_back(workspace.data_ptr<float>() + offsets[b]);
-    float *qkv = slice[0], *queries = slice[1], *attended = slice[2], *projected = slice[3], *next_normed = slice[4],
-          *gate_up = slice[5], *gated = slice[6], *delta = slice[7];
+    // the layer's activations: consecutive [rows, width] slices of one workspace
+    at::Tensor workspace =
+        at::empty({rows * (qkv_width_ + 2 * attention_width + 3 * hidden_ + 3 * intermediate_)}, hidden.options());
+    float* unused = workspace.data_ptr<float>();
+    const auto slice = [&](int64_t width) { return std::exchange(unused, unused + rows * width); };
+    float *qkv = slice(qkv_width_), *queries = slice(attention_width), *attended = slice(attention_width),
+          *projected = slice(hidden_), *next_normed = slice(hidden_), *gate_up = slice(2 * intermediate_),
+          *gated = slice(intermediate_), *delta = slice(hidden_);
     float* h = hidden.data_ptr<float>();
     const float* layer_input = normed.data_ptr<float>();
     for (int64_t i = 0; i < n; ++i) {
@@ -174,7 +173,8 @@ class DecoderStack {
         add_rms_norm_into(h, delta, norms_[2 * i + 2].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
       layer_input = next_normed;
     }
-    const at::Tensor deltas = workspace.narrow(0, offsets[7], rows * hidden_).view({rows, hidden_});
+    const at::Tensor deltas =
+        workspace.narrow(0, delta - workspace.data_ptr<float>(), rows * hidden_).view({rows, hidden_});
     const at::Tensor last = add_rms_norm(hidden.index_select(0, keep), deltas.index_select(0, keep), norms_.back(), eps_);
     return projections_.back()(last, isa_);
   }
