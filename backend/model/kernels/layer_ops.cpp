@@ -146,28 +146,35 @@ CLONES void rope_head(const float* x, const float* cos, const float* sin, float*
 }
 
 // out[i] += weights[j] * values_j[i] for j = 0 .. count - 1 in order, `count` value rows `stride` floats apart, `dim`
-// values each: the outputs held in vector registers across the rows, 64 at a time in four independent sums (the
-// plain loop loaded and stored every output once per row, and an add waited for the one before). Each output is
-// summed exactly as the plain loop sums it. GCC's vector type, so each CPU's copy gets its own registers.
+// values each: the outputs held in vector registers across the rows, 64 at a time in independent sums (the plain loop
+// loaded and stored every output once per row, and an add waited for the one before). Each output is summed exactly
+// as the plain loop sums it. `Vec` is GCC's vector type of the copy's register width (attend below): the AVX2 copy,
+// given 16-float vectors, kept them on the stack, a load and a store per multiply-add, which was most of a batch-1
+// step's attention there (docs/benchmarks.md, "Attention's sums in registers on AVX2").
 typedef float Vec16 __attribute__((vector_size(64)));
-template <int N>
+typedef float Vec8 __attribute__((vector_size(32)));
+template <typename Vec, int N>
 inline __attribute__((always_inline)) void add_weighted_rows_n(const float* weights, const float* values, int64_t count,
                                                                int64_t stride, float* out) {
-  Vec16 acc[N];
-  std::memcpy(acc, out, sizeof acc);
-  for (int64_t j = 0; j < count; ++j) {
-    Vec16 v[N];
-    std::memcpy(v, values + j * stride, sizeof v);
-    for (int n = 0; n < N; ++n) acc[n] += weights[j] * v[n];
-  }
-  std::memcpy(out, acc, sizeof acc);
+  constexpr int lanes = sizeof(Vec) / sizeof(float);
+  Vec acc[N];
+  for (int n = 0; n < N; ++n) std::memcpy(&acc[n], out + lanes * n, sizeof(Vec));
+  for (int64_t j = 0; j < count; ++j)
+    for (int n = 0; n < N; ++n) {  // one vector at a time: a copy of the whole row went through the stack
+      Vec v;
+      std::memcpy(&v, values + j * stride + lanes * n, sizeof v);
+      acc[n] += weights[j] * v;
+    }
+  for (int n = 0; n < N; ++n) std::memcpy(out + lanes * n, &acc[n], sizeof(Vec));
 }
 
+template <typename Vec>
 inline __attribute__((always_inline)) void add_weighted_rows(const float* weights, const float* values, int64_t count,
                                                              int64_t stride, int64_t dim, float* out) {
+  constexpr int lanes = sizeof(Vec) / sizeof(float);
   int64_t i = 0;
-  for (; i + 64 <= dim; i += 64) add_weighted_rows_n<4>(weights, values + i, count, stride, out + i);
-  for (; i + 16 <= dim; i += 16) add_weighted_rows_n<1>(weights, values + i, count, stride, out + i);
+  for (; i + 64 <= dim; i += 64) add_weighted_rows_n<Vec, 64 / lanes>(weights, values + i, count, stride, out + i);
+  for (; i + lanes <= dim; i += lanes) add_weighted_rows_n<Vec, 1>(weights, values + i, count, stride, out + i);
   for (; i < dim; ++i)
     for (int64_t j = 0; j < count; ++j) out[i] += weights[j] * values[j * stride + i];
 }
@@ -179,9 +186,11 @@ inline __attribute__((always_inline)) void add_weighted_rows(const float* weight
 // takes the block's keys (and then its values) while they are in L1, so a grouped-query model reads each key and
 // value once per run rather than once per head; each head's arithmetic is what attending it alone computes, in the
 // same order. One call per run, so that its loops run inlined in the copy for this CPU.
-CLONES void attend(const float* q, int64_t count, const float* keys, const float* values, const int64_t* table,
-                   int64_t context, int64_t block_size, int64_t stride, int64_t dim, float scale, float* scores,
-                   float* out) {
+template <typename Vec>
+inline __attribute__((always_inline)) void attend_with(const float* q, int64_t count, const float* keys,
+                                                       const float* values, const int64_t* table, int64_t context,
+                                                       int64_t block_size, int64_t stride, int64_t dim, float scale,
+                                                       float* scores, float* out) {
   // Block by block: a division per position (a 64-bit divide is tens of cycles) cost more than its dot product.
   for (int64_t start = 0; start < context; start += block_size) {
     const int64_t end = std::min(context, start + block_size);
@@ -199,7 +208,7 @@ CLONES void attend(const float* q, int64_t count, const float* keys, const float
     const int64_t end = std::min(context, start + block_size);
     const float* v = values + table[start / block_size] * block_size * stride;
     for (int64_t h = 0; h < count; ++h)
-      add_weighted_rows(scores + h * context + start, v, end - start, stride, dim, out + h * dim);
+      add_weighted_rows<Vec>(scores + h * context + start, v, end - start, stride, dim, out + h * dim);
   }
   for (int64_t h = 0; h < count; ++h) {
     const float* s = scores + h * context;
@@ -207,6 +216,17 @@ CLONES void attend(const float* q, int64_t count, const float* keys, const float
     for (int64_t i = 0; i < dim; ++i) out[h * dim + i] *= inverse;
   }
 }
+
+// attend_with in each instruction set's copy (CLONES' dispatch, written out to give each its vector width).
+#define ATTEND_ARGS                                                                                                  \
+  const float *q, int64_t count, const float *keys, const float *values, const int64_t *table, int64_t context,      \
+      int64_t block_size, int64_t stride, int64_t dim, float scale, float *scores, float *out
+#define ATTEND_CALL q, count, keys, values, table, context, block_size, stride, dim, scale, scores, out
+__attribute__((target(LAYER_OPS_AVX512))) void attend(ATTEND_ARGS) { attend_with<Vec16>(ATTEND_CALL); }
+__attribute__((target(LAYER_OPS_AVX2))) void attend(ATTEND_ARGS) { attend_with<Vec8>(ATTEND_CALL); }
+__attribute__((target("default"))) void attend(ATTEND_ARGS) { attend_with<Vec8>(ATTEND_CALL); }
+#undef ATTEND_ARGS
+#undef ATTEND_CALL
 
 }  // namespace
 

@@ -78,6 +78,8 @@ ALWAYS_INLINE vf word_input(vu v) {
   } else {
     constexpr int bits = word_bits(FORMAT);  // the field to the top of the word: signed q * 2^(32 - bits)
     constexpr uint32_t top = ~0u << (32 - bits);
+    // The first field's shift leaves nothing below it (GCC keeps the mask on vectors: an op per 8 weights).
+    if constexpr (J == 0) return __builtin_convertvector((vi)(v << (32 - bits)), vf);
     return __builtin_convertvector((vi)(v << (32 - bits * (J + 1))) & (int32_t)top, vf);
   }
 }
