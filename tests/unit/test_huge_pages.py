@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from backend.model import huge_pages
+from tests.conftest import machine_lacks
 
-needs_huge_pages = pytest.mark.skipif(not huge_pages.available(), reason="this system offers no huge pages")
+needs_huge_pages = pytest.mark.skipif(not huge_pages.available(), reason=machine_lacks("huge pages"))
 
 
 def mapping_of(address: int) -> dict[str, str]:
@@ -32,7 +33,7 @@ def mapping_of(address: int) -> dict[str, str]:
 @pytest.mark.parametrize("available", [True, False])
 def test_gather_copies_side_by_side_each_on_a_cache_line(monkeypatch, available):
     if available and not huge_pages.available():
-        pytest.skip("this system offers no huge pages")
+        pytest.skip(machine_lacks("huge pages"))
     monkeypatch.setattr(huge_pages, "available", lambda: available)
     g = torch.Generator().manual_seed(0)
     tensors = [

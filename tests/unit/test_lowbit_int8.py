@@ -9,9 +9,10 @@ import torch
 
 from backend.model import kernels
 from backend.model.weight_blocks import Q4_1_INT8
+from tests.conftest import machine_lacks
 from tests.unit.test_lowbit_kernels import random_blocks
 
-pytestmark = pytest.mark.skipif(kernels.best_isa() < 1, reason="int8 activations need AVX2")
+pytestmark = pytest.mark.skipif(kernels.best_isa() < 1, reason=machine_lacks("AVX2, which int8 activations need"))
 
 
 def reference(x: torch.Tensor, blocks) -> torch.Tensor:
@@ -41,7 +42,7 @@ def test_int8_kernel_computes_its_definition(rows, cols, m):
     assert (got - exact).abs().max() < 0.02 * exact.abs().max()  # the int8 rounding, not a wrong product
 
 
-@pytest.mark.skipif(not kernels.load().int8_vnni(2), reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.skipif(not kernels.load().int8_vnni(2), reason=machine_lacks("AVX-512 VNNI"))
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 33])
 def test_vnni_copy_equals_the_avx2_copy_bit_for_bit(m):
     """The same integers summed exactly, then the same float operations per output: `vpdpbusd` on instruction set
