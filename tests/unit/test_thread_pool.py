@@ -1,10 +1,13 @@
 """backend/model/kernels/thread_pool.cpp: the kernels' own worker pool. Its threads really compute, its size is
-the engine's setting (or torch's count), a chunk's error reaches the caller and leaves the pool working, and
-callers on several threads at once each get their own results."""
+the engine's setting (or torch's count), a chunk's error reaches the caller and leaves the pool working, callers on
+several threads at once each get their own results, and jobs in quick succession on more threads than cores each
+run as on one thread."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import torch
 from backend.model import kernels
 from backend.model.weight_blocks import FORMATS
 from tests.unit.test_lowbit_kernels import random_blocks
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +113,62 @@ def test_callers_on_several_threads_each_get_their_own_results(module, pool_thre
     for i, results in got.items():
         assert all(torch.equal(r, want[i]) for r in results)
     assert len(got) == 4
+
+
+# Alternates two pool users with different functions and contexts (a low-bit projection of one of three shapes, then
+# one layer's attention), each result compared with the same call on one thread; exits non-zero on the first
+# difference. In a process of its own: the failure it looks for can be a crash.
+ALTERNATING_JOBS = """
+import sys, torch
+from backend.model import kernels
+from backend.model.weight_blocks import FORMATS
+from tests.unit.test_lowbit_kernels import random_blocks
+
+module, isa = kernels.load(), kernels.best_isa()
+calls, threads = int(sys.argv[1]), int(sys.argv[2])
+layers = []
+for fmt, rows, cols in (("q4_1", 64, 64), ("q8_0", 960, 128), ("q4_1", 512, 576)):
+    layers.append((torch.randn(1, cols), random_blocks(fmt, rows, cols).pack(), rows, FORMATS[fmt]))
+heads, kv_heads, dim, block_size, blocks = 8, 2, 64, 16, 8
+qkv = torch.randn(3, (heads + 2 * kv_heads) * dim)
+cos, sin = torch.randn(3, dim), torch.randn(3, dim)
+cache = torch.randn(2, blocks, block_size, kv_heads, dim)
+positions, row_seq, tables = torch.tensor([40, 41, 42]), torch.zeros(3, dtype=torch.long), torch.arange(blocks)[None]
+
+
+def attention():
+    return module.rope_paged_attention(
+        qkv, cos, sin, cache.clone(), positions, positions, row_seq, tables, heads, kv_heads, 0.125
+    )
+
+
+module.set_threads(1)
+want = [module.lowbit_linear(x, p, rows, f, isa) for x, p, rows, f in layers]
+want_attention = attention()
+module.set_threads(threads)
+for i in range(calls):
+    x, p, rows, f = layers[i % 3]
+    if not torch.equal(module.lowbit_linear(x, p, rows, f, isa), want[i % 3]):
+        sys.exit(f"call {i}: the projection differs from its one-thread result")
+    if not torch.equal(attention(), want_attention):
+        sys.exit(f"call {i}: the attention differs from its one-thread result")
+print("every call as on one thread")
+"""
+
+
+def test_jobs_in_quick_succession_on_more_threads_than_cores_each_run_as_on_one_thread(module):
+    """Workers the OS takes off their core mid-job must never run a chunk with another job's function or context.
+    The pool once did (a late worker read the next job's context with the last job's function): the engine crashed
+    with speculation at 16 threads on 2 cores and on 16, and this check found wrong results in two runs of three at
+    32 threads on 2 cores and in every run at 64."""
+    threads = min(256, 32 * (os.cpu_count() or 1))
+    run = subprocess.run(
+        [sys.executable, "-c", ALTERNATING_JOBS, "50000", str(threads)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stdout}{run.stderr}"
+    assert run.stdout.strip() == "every call as on one thread"

@@ -1,7 +1,11 @@
 // The worker pool of thread_pool.h. A job is published as a generation number; its chunks are claimed with a
 // compare-and-swap on one 64-bit word holding (generation, next chunk), so a worker that wakes late, after its
 // job finished, can never claim a chunk of the next job with the last job's function: the claim fails on the
-// generation. The caller claims chunks like any worker, then waits until the done count reaches the chunk count.
+// generation. The job's function, context and chunk count are separate words: before writing them, the next
+// job moves the claim word to its own generation, and a worker re-reads the claim word after reading them, so a
+// worker that read any of them from the next job sees the generation change and claims nothing (it once ran the
+// last job's function on the next job's context: a crash with more threads than free cores). The caller claims
+// chunks like any worker, then waits until the done count reaches the chunk count.
 #include "thread_pool.h"
 
 #include <ATen/Parallel.h>
@@ -25,6 +29,8 @@ namespace {
 // ops (microseconds), short enough not to hold a core between steps. It polls with sched_yield, so any other
 // runnable thread on its core (the server's) runs first.
 constexpr auto kPollFor = std::chrono::microseconds(200);
+// The chunk index of a claim word whose job is not yet written: above any chunk count (those are below 2^31).
+constexpr uint64_t kNotReady = 0xffffffffu;
 
 struct Pool {
   std::atomic<uint64_t> claim{0};  // generation << 32 | next chunk
@@ -45,6 +51,8 @@ struct Pool {
     const ChunkFn f = fn.load(std::memory_order_acquire);
     void* const ctx = context.load(std::memory_order_acquire);
     const int64_t n = chunks.load(std::memory_order_acquire);
+    // Read after them: if any of the three is the next job's, written after that job took the claim word (acquire
+    // on release), this load sees the next generation and the loop below returns.
     uint64_t v = claim.load(std::memory_order_acquire);
     for (;;) {
       if (uint32_t(v >> 32) != g || int64_t(v & 0xffffffffu) >= n) return;
@@ -86,13 +94,15 @@ struct Pool {
     while (workers < threads - 1) {
       std::thread([this, index = ++workers, last] { worker_loop(index, last); }).detach();
     }
+    const uint32_t g = last + 1;
+    // Every claim of the last job fails from here on (its generation is gone; chunk index kNotReady claims nothing).
+    claim.store(uint64_t(g) << 32 | kNotReady, std::memory_order_release);
     error = nullptr;
     fn.store(f, std::memory_order_release);
     context.store(ctx, std::memory_order_release);
     chunks.store(n, std::memory_order_release);
     done.store(0, std::memory_order_release);
     participants.store(threads, std::memory_order_release);
-    const uint32_t g = last + 1;
     claim.store(uint64_t(g) << 32, std::memory_order_release);
     {
       std::lock_guard<std::mutex> lock(sleep_mutex);  // a worker between its check and its wait sees it
