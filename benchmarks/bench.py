@@ -1,7 +1,7 @@
 """The benchmark report: one process run on one machine, every ratio measured in that run.
 
     llm-bench [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8,9] [--quick] [--threads N]
-                               [--llama-cpp-dir DIR]
+                               [--llama-cpp-dir DIR] [--no-server]
 
 Sections (all run by default; `--only` picks some), one module each, whose `run(bench)` gets context.py's `Bench`:
 
@@ -27,6 +27,9 @@ Sections (all run by default; `--only` picks some), one module each, whose `run(
   9. threads_in_process.py: thread by thread (1, 2, half and every core), in process, our decode rate at the
      streams' batch sizes against `llama-bench` and `llama-batched-bench` on the same GGUF, no server on either
      side (runs where Triton does not).
+
+`--no-server` runs what needs no tritonserver (sections 4, 8, 9 and section 7's rows in process), for a machine
+without one: a CPU to compare on.
 
 Writes <out>/README.md (the targets first, then tables, settings, machine), <out>/results.json and PNG plots.
 The machine's ceilings are measured in the same run at the run's thread count. `--quick` is a smoke test (few
@@ -93,6 +96,7 @@ SERVED_VARIANTS = {
     6: [MAIN_MODEL],
     7: [MAIN_MODEL, BF16_INT4_MODEL, *THREADS_MODELS.values()],
 }
+IN_PROCESS_PARTS = {7}  # served sections whose in-process rows run without a server (`--no-server`)
 
 
 def parse_args(argv: list[str] | None):
@@ -102,6 +106,11 @@ def parse_args(argv: list[str] | None):
     )
     ap.add_argument("--only", default="", help="sections to run, e.g. 1,2 (default: all)")
     ap.add_argument("--quick", action="store_true", help="smoke test: few prompts, short outputs")
+    ap.add_argument(
+        "--no-server",
+        action="store_true",
+        help="no tritonserver: sections 4, 7 (in process only), 8 and 9 (default with it: those)",
+    )
     ap.add_argument(
         "--threads",
         type=int,
@@ -135,10 +144,13 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--roofline-batch", type=int, default=0, help="section 4's large batch (default 32)")
     ap.add_argument("--decode-steps", type=int, default=0, help="section 4's timed decode steps (default 16)")
     args = ap.parse_args(argv)
-    args.only = sorted({int(x) for x in args.only.split(",") if x.strip()}) if args.only else sorted(SECTIONS)
+    every = [n for n in SECTIONS if n not in SERVED_VARIANTS or n in IN_PROCESS_PARTS] if args.no_server else SECTIONS
+    args.only = sorted({int(x) for x in args.only.split(",") if x.strip()}) if args.only else sorted(every)
     bad = [n for n in args.only if n not in SECTIONS]
     if bad:
         ap.error(f"--only: no section(s) {bad}; sections are {sorted(SECTIONS)}")
+    if args.no_server and (served := [n for n in args.only if n not in every]):
+        ap.error(f"--no-server: section(s) {served} need tritonserver; without it: {every}")
     args.gguf = args.gguf or vs_llama_cpp.default_gguf()
     return args
 
@@ -146,6 +158,8 @@ def parse_args(argv: list[str] | None):
 def server_variants(only: list[int], args) -> list[str]:
     """The model variants the chosen sections send requests to (section 6 only where llama.cpp is there)."""
     llama_cpp = vs_llama_cpp.LlamaCpp.find(args.llama_cpp_dir, args.gguf)
+    if args.no_server:
+        return []
     wanted = [n for n in only if n != 6 or not isinstance(llama_cpp, str)]
     return list(dict.fromkeys(v for n in wanted for v in SERVED_VARIANTS.get(n, [])))
 

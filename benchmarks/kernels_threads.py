@@ -100,6 +100,9 @@ def run(bench: Bench) -> list[str]:
     kernel_lines, kernel_data = kernel_rows(engine, sorted({1, s.peer_threads}))
     exact_lines, exact_data = exactness_rows(engine)
     torch.set_num_threads(s.threads)
+    bench.results["sections"]["7"] = {"linear_ms": kernel_data, "exactness": exact_data}
+    if bench.server is None:  # --no-server
+        return [*_kernel_report(engine, kernel_lines, exact_lines), "", "Rows through Triton: not run (--no-server)."]
     served = {
         f"served default ({MAIN_MODEL}: {engine.config.dtype}, quantization {engine.config.quantization})": MAIN_MODEL,
         "bf16 + int4": BF16_INT4_MODEL,
@@ -112,21 +115,9 @@ def run(bench: Bench) -> list[str]:
             **{f"{n} thread(s)": v for n, v in THREADS_MODELS.items()},
         },
     )
-    bench.results["sections"]["7"] = {
-        "linear_ms": kernel_data,
-        "exactness": exact_data,
-        "served_tok_s": served_data,
-        "threads_tok_s": thread_data,
-    }
+    bench.results["sections"]["7"] |= {"served_tok_s": served_data, "threads_tok_s": thread_data}
     return [
-        "Linear layers of one decode step (every decoder projection and the LM head), median ms of a pass at M "
-        "rows, in process: the dense fp32 GEMM (torch) against our kernel on the model's own GGUF blocks, on each "
-        "instruction set this CPU runs. The served configuration uses the kernel for steps of up to "
-        f"{engine.runner.max_lowbit_rows} rows (`max_lowbit_rows`) and the dense GEMM above.",
-        "",
-        *kernel_lines,
-        "",
-        *exact_lines,
+        *_kernel_report(engine, kernel_lines, exact_lines),
         "",
         "Output tokens/s through Triton, the throughput workload of sections 2 and 6, each path in the same run "
         "(ratios against the first row). `quantization: auto` takes the exact path wherever the kernel runs, AMX "
@@ -138,4 +129,17 @@ def run(bench: Bench) -> list[str]:
         "backend/model/hardware.py `serving_threads`) and fixed at 1 and 2 torch threads, same workload.",
         "",
         *thread_lines,
+    ]
+
+
+def _kernel_report(engine, kernel_lines: list[str], exact_lines: list[str]) -> list[str]:
+    return [
+        "Linear layers of one decode step (every decoder projection and the LM head), median ms of a pass at M "
+        "rows, in process: the dense fp32 GEMM (torch) against our kernel on the model's own GGUF blocks, on each "
+        "instruction set this CPU runs. The served configuration uses the kernel for steps of up to "
+        f"{engine.runner.max_lowbit_rows} rows (`max_lowbit_rows`) and the dense GEMM above.",
+        "",
+        *kernel_lines,
+        "",
+        *exact_lines,
     ]

@@ -29,6 +29,7 @@ URL = (
     f"e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-{VERSION}.tar.gz"
 )
 SECTION_PROGRAMS = ("llama-bench", "llama-server")  # what section 6 runs
+IN_PROCESS_PROGRAMS = ("llama-bench", "llama-batched-bench")  # what section 9 runs
 PROGRAMS = (*SECTION_PROGRAMS, "llama-batched-bench", "llama-quantize")  # what the build makes (section 9's
 # batched decode; llama-quantize: `make bench-kquant`'s file)
 FLAGS_FILE = "cpu-flags.txt"
@@ -52,10 +53,10 @@ def cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
-def why_unusable(bin_dir: Path) -> str:
-    """Why section 6 cannot use `bin_dir` ('' where it can): both programs must be there and, in this build's own
-    folder, built for this CPU."""
-    missing = [p for p in SECTION_PROGRAMS if not (bin_dir / p).is_file()]
+def why_unusable(bin_dir: Path, programs: tuple[str, ...] = SECTION_PROGRAMS) -> str:
+    """Why a section cannot use `bin_dir` ('' where it can): its `programs` (section 6's by default) must be there
+    and, in this build's own folder, built for this CPU."""
+    missing = [p for p in programs if not (bin_dir / p).is_file()]
     if missing:
         return f"{', '.join(missing)} not found in {bin_dir} (make llama-cpp builds them)"
     flags = bin_dir / FLAGS_FILE

@@ -8,6 +8,7 @@ import gc
 
 import torch
 
+from benchmarks import llama_cpp_build
 from benchmarks.context import Bench
 from benchmarks.progress import log
 from benchmarks.roofline import decode_rate, linear_layers_time
@@ -39,7 +40,7 @@ def ours(bench: Bench, threads: int, batches: list[int]) -> dict:
 def run(bench: Bench) -> list[str]:
     s = bench.s
     batches = s.concurrency
-    llama = LlamaCpp.find(bench.args.llama_cpp_dir, bench.args.gguf)
+    llama = LlamaCpp.find(bench.args.llama_cpp_dir, bench.args.gguf, llama_cpp_build.IN_PROCESS_PROGRAMS)
     rows: dict[int, dict] = {}
     try:
         for n in thread_counts(s.peer_threads):

@@ -33,11 +33,13 @@ class LlamaCpp:
     gguf: Path
 
     @classmethod
-    def find(cls, bin_dir: str, gguf: str) -> LlamaCpp | str:
+    def find(
+        cls, bin_dir: str, gguf: str, programs: tuple[str, ...] = llama_cpp_build.SECTION_PROGRAMS
+    ) -> LlamaCpp | str:
         """The binaries and the GGUF, or why the section cannot run."""
         if not bin_dir:
             return "no llama.cpp folder given (--llama-cpp-dir or LLAMA_CPP_DIR)"
-        unusable = llama_cpp_build.why_unusable(Path(bin_dir))
+        unusable = llama_cpp_build.why_unusable(Path(bin_dir), programs)
         if unusable:
             return unusable
         if not gguf or not Path(gguf).is_file():

@@ -197,6 +197,7 @@ def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
 
 def test_section_9_runs_our_engine_thread_by_thread_against_a_fake_llama_cpp(tmp_path, tiny_llama):
     bench = bench_with_fake_llama_cpp(tmp_path, tiny_llama)
+    (tmp_path / "llama-server").unlink()  # section 9 runs llama-bench and llama-batched-bench only
 
     lines = threads_in_process.run(bench)
 
@@ -267,6 +268,7 @@ def test_section_7_measures_the_kernels_distance_to_the_exact_product():
     """The kernel regroups its sums; section 7 reports its error and torch fp32's against float64, per layer."""
     from backend.model import kernels
     from backend.model.linear import make_linear
+    from benchmarks import kernels_threads
     from benchmarks.kernels_threads import exactness_rows
     from tests.unit.test_lowbit_kernels import random_blocks
 
@@ -281,6 +283,34 @@ def test_section_7_measures_the_kernels_distance_to_the_exact_product():
     assert 0 < data["ours"] < 1e-4 and 0 < data["torch_fp32"] < 1e-4
     assert data["ratio_median"] <= data["ratio_max"] < 10
     assert "2 low-bit layers at M = 1, 5" in lines[0]
+
+    # with no server (`--no-server`) the section reports its rows in process and says what it left out
+    engine.runner.max_lowbit_rows = 32
+    bench = SimpleNamespace(
+        s=SimpleNamespace(peer_threads=1, threads=1),
+        engine=lambda variant: engine,
+        server=None,
+        results={"sections": {}},
+    )
+    lines = kernels_threads.run(bench)
+    section = bench.results["sections"]["7"]
+    assert set(section) == {"linear_ms", "exactness"}
+    assert set(section["linear_ms"][1]) == {
+        "dense fp32",
+        *(f"ours, {kernels.ISA_NAMES[i]}" for i in (1, 2) if i <= kernels.best_isa()),
+    }
+    assert all(ms > 0 for by_rows in section["linear_ms"][1].values() for ms in by_rows.values())
+    assert lines[-1] == "Rows through Triton: not run (--no-server)."
+
+
+def test_no_server_runs_the_sections_that_need_no_tritonserver():
+    from benchmarks import bench
+
+    assert bench.parse_args(["--no-server"]).only == [4, 7, 8, 9]
+    assert bench.server_variants([7, 9], bench.parse_args(["--no-server", "--only", "7,9"])) == []
+    assert bench.parse_args([]).only == list(range(1, 10))
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--no-server", "--only", "2,9"])  # section 2 needs the server: an error, not a silent skip
 
 
 FAKE_LLAMA_QUANTIZE = """
