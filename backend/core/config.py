@@ -40,7 +40,7 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     ngram_min: int = 1
     ngram_max: int = 4
-    spec_max_batch_size: int = 8  # speculation turns off for a step whose batch is larger
+    spec_max_batch_size: int = 2  # speculation turns off for a step whose batch is larger (docs/benchmarks.md)
     spec_adaptive: bool = False  # each sequence's draft length follows its acceptance (spec/policy.py)
     spec_min_acceptance: float = 0.3  # adaptive: a sequence accepting less stops drafting until a probe
     spec_probe_interval: int = 8  # adaptive: decode steps between probes of a sequence that stopped drafting

@@ -275,7 +275,13 @@ def test_min_tokens_and_ignore_eos_reach_max_tokens(make_engine):
 @pytest.mark.parametrize("draft", ["self", "ngram"])
 def test_greedy_speculative_decoding_matches_hf(make_engine, tiny_llama, hf_greedy, draft):
     """Speculation must not change greedy outputs, whether drafts are accepted (self) or mostly not (ngram)."""
-    engine = make_engine(draft_model=draft, num_speculative_tokens=3, draft_dtype="float32", max_num_batched_tokens=32)
+    engine = make_engine(
+        draft_model=draft,
+        num_speculative_tokens=3,
+        draft_dtype="float32",
+        max_num_batched_tokens=32,
+        spec_max_batch_size=8,  # every prompt speculates in one batch
+    )
     prompts = PROMPTS[1:] + ["a b c a b c a b c a b c a b c a b"]
     requests = [engine.build_request(f"sp{i}", p, greedy(16, n=1)) for i, p in enumerate(prompts)]
     drafted = engine.metrics.total("llm_spec_decode_num_draft_tokens_total")

@@ -37,7 +37,13 @@ def _run(engine: LLMEngine, prompts, **params) -> dict[str, tuple[list[int], str
 
 def _engine(model: str, **overrides) -> LLMEngine:
     settings = dict(
-        model=model, dtype="float32", kv_cache_blocks=256, block_size=4, max_num_batched_tokens=48, max_num_seqs=8
+        model=model,
+        dtype="float32",
+        kv_cache_blocks=256,
+        block_size=4,
+        max_num_batched_tokens=48,
+        max_num_seqs=8,
+        spec_max_batch_size=8,  # these tests speculate for a whole batch of prompts at once
     )
     return LLMEngine(EngineConfig(**{**settings, **overrides}))
 
