@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument(
         "--no-server",
         action="store_true",
-        help="no tritonserver: sections 4, 7 (in process only), 8 and 9 (default with it: those)",
+        help="no tritonserver: only the sections that need none (4, 7's rows in process, 8, 9)",
     )
     ap.add_argument(
         "--threads",
@@ -157,9 +157,9 @@ def parse_args(argv: list[str] | None):
 
 def server_variants(only: list[int], args) -> list[str]:
     """The model variants the chosen sections send requests to (section 6 only where llama.cpp is there)."""
-    llama_cpp = vs_llama_cpp.LlamaCpp.find(args.llama_cpp_dir, args.gguf)
     if args.no_server:
         return []
+    llama_cpp = vs_llama_cpp.LlamaCpp.find(args.llama_cpp_dir, args.gguf)
     wanted = [n for n in only if n != 6 or not isinstance(llama_cpp, str)]
     return list(dict.fromkeys(v for n in wanted for v in SERVED_VARIANTS.get(n, [])))
 
