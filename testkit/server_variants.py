@@ -52,6 +52,7 @@ VARIANTS: dict[str, dict[str, str]] = {
         "draft_model": "self",
         "draft_dtype": "float32",
         "num_speculative_tokens": "4",
+        "spec_max_batch_size": "32",
     },
     # The default model repository as shipped (quantization auto: the GGUF blocks where our kernel runs;
     # adaptive n-gram speculation), with a small token budget (chunked prefill) and speculation kept on for
