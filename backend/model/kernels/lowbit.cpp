@@ -87,7 +87,8 @@ using DenseFn = void (*)(const float*, int64_t, const uint8_t*, int64_t, float*,
 
 constexpr int kMaxRows = 8;
 struct Kernels {
-  int rows;          // rows of x per register block
+  int rows;          // rows of x per register block, at most
+  int preferred_rows;  // per register block where more save no block (row_blocks)
   int buffer_above;  // steps of more rows de-quantize each tile into memory once (dequant, then dense)
   TileFn tile[kMaxRows];
   DequantFn dequant;
@@ -124,13 +125,13 @@ namespace avx512 {
 #pragma GCC pop_options
 
 Kernels kernels_for(int isa, int format) {
-  // Up to 16 rows AVX2 re-de-quantizes each tile in registers for every block of 4 rows; above that, a tile
-  // de-quantized once into memory and streamed over by every block of 4 rows is faster: on a 2-core AVX2 EPYC the
+  // Up to 16 rows AVX2 re-de-quantizes each tile in registers for every block of 4 (or 5) rows; above that, a tile
+  // de-quantized once into memory and streamed over by every block of rows is faster: on a 2-core AVX2 EPYC the
   // engine decoded 1.15x and 1.21x as fast at batch 32 (two runs of interleaved processes, 1.09x at 24) and served
   // 32 streams through Triton 1.10x as fast (docs/benchmarks.md). AVX-512: above its 8 register rows.
-  if (isa == ISA_AVX2) return avx2::kernels(format, 16, std::make_integer_sequence<int, 4>());
-  if (isa == ISA_AVX512) return avx512::kernels(format, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
-  return wide_on_avx2::kernels(format, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
+  if (isa == ISA_AVX2) return avx2::kernels(format, 16, 4, std::make_integer_sequence<int, 5>());
+  if (isa == ISA_AVX512) return avx512::kernels(format, kMaxRows, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
+  return wide_on_avx2::kernels(format, kMaxRows, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
 }
 
 // x scaled per input by `input_scale` (what the tile kernels multiply), and where blocks have m the sum of x over
@@ -167,6 +168,22 @@ ScaledInputs scaled_inputs(const float* in, int64_t rows, int64_t in_features, i
       }
   }
   return {xs.data(), sums.data()};
+}
+
+// The rows of x in each register block of a step of `rows`, in order: blocks of `preferred` rows (the last one the
+// rest) unless blocks of up to `most` save one, each block being one more pass over the tile. AVX2: 5 rows as one
+// block, not 4 + 1 (a speculative step of k = 4 verifies 5 rows), 9 as 5 + 4, but 6 as 4 + 2 (3 + 3 was slower: a
+// block of 3 or 5 rows costs more per row than one of 4, docs/benchmarks.md). Computed once per call, in the calling
+// thread's scratch (a division per block and tile cost a 16-row step about 9 %).
+const std::vector<int>& row_blocks(int64_t rows, int most, int preferred) {
+  thread_local std::vector<int> sizes;
+  const int64_t blocks = (rows + most - 1) / most, extra = rows - blocks * preferred;
+  sizes.assign(blocks, preferred);
+  if (extra < 0)
+    sizes.back() = (int)(rows - (blocks - 1) * preferred);
+  else
+    for (int64_t b = 0; b < blocks; ++b) sizes[b] += (int)(extra / blocks + (b < extra % blocks ? 1 : 0));
+  return sizes;
 }
 
 }  // namespace
@@ -234,6 +251,7 @@ void lowbit_linear_into(const float* xp, int64_t rows, int64_t in_features, cons
       buffered || half ? ScaledInputs{xp, xp} : scaled_inputs(xp, rows, in_features, (int)format);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const int64_t grain = tile_grain(tiles, blocks * std::max<int64_t>(rows, 1));
+  const std::vector<int>& row_block = row_blocks(rows, k.rows, k.preferred_rows);
   pool::parallel_for(tiles, grain, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> w;
     if (buffered) w.resize(in_features * kTile);
@@ -241,8 +259,8 @@ void lowbit_linear_into(const float* xp, int64_t rows, int64_t in_features, cons
       const int valid = (int)std::min<int64_t>(kTile, out_features - t * kTile);
       const uint8_t* tile = wp + t * tile_bytes;
       if (buffered) k.dequant(tile, blocks, w.data());
-      for (int64_t r = 0; r < rows; r += k.rows) {
-        const int chunk = (int)std::min<int64_t>(k.rows, rows - r);
+      int64_t r = 0;
+      for (const int chunk : row_block) {
         float* o = op + r * ldo + t * kTile;
         if (half)
           k.dense[chunk - 1](xp + r * in_features, in_features, tile, in_features, o, ldo, valid);
@@ -251,6 +269,7 @@ void lowbit_linear_into(const float* xp, int64_t rows, int64_t in_features, cons
                              valid);
         else
           k.tile[chunk - 1](xs + r * in_features, in_features, sp + r * blocks, blocks, tile, blocks, o, ldo, valid);
+        r += chunk;
       }
     }
   });

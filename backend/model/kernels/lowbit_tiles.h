@@ -203,12 +203,14 @@ void set_format_kernels(Kernels& k, std::integer_sequence<int, R...> rows) {
   set_dense_kernels<F32_TILE>(k, rows);
 }
 
-// This copy's kernels for `format`, for 1..sizeof...(R) rows of x per register block, de-quantizing a tile into
-// memory for steps of more than `buffer_above` rows (Kernels in lowbit.cpp).
+// This copy's kernels for `format`, for 1..sizeof...(R) rows of x per register block (`preferred_rows` where more
+// save no block), de-quantizing a tile into memory for steps of more than `buffer_above` rows (Kernels in
+// lowbit.cpp).
 template <int... R>
-Kernels kernels(int format, int buffer_above, std::integer_sequence<int, R...> rows) {
+Kernels kernels(int format, int buffer_above, int preferred_rows, std::integer_sequence<int, R...> rows) {
   Kernels k{};
   k.rows = sizeof...(R);
+  k.preferred_rows = preferred_rows;
   k.buffer_above = buffer_above;
   switch (format) {
     case Q4_1: set_format_kernels<Q4_1>(k, rows); break;
