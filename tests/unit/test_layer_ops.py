@@ -26,8 +26,9 @@ def test_layer_ops_run_the_copy_for_this_cpus_instruction_set(ops):
 @pytest.mark.parametrize("width", [1, 7, 29, 32, 1536])
 def test_silu_mul_is_torchs_silu_times_up(ops, width):
     """Bit for bit where torch runs its vector loop over the whole row (widths in whole vectors, as the models'
-    are); torch takes std::exp for the last few values of a row, we take the vector exp for all of them."""
-    gate_up = torch.randn(3, 2 * width, generator=torch.Generator().manual_seed(width)) * 8
+    are); torch takes std::exp for the last few values of a row, we take the vector exp for all of them. 40 rows:
+    wide rows are shared out to the kernels' pool in chunks."""
+    gate_up = torch.randn(40, 2 * width, generator=torch.Generator().manual_seed(width)) * 8
     want = torch.nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:]
     got = ops.silu_mul(gate_up)
     if width % 16 == 0:
