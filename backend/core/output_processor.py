@@ -78,9 +78,13 @@ class OutputProcessor:
             for (result, i), entry in zip(tokens, self.sampler.logprobs_rows(rows, token_ids, top)):
                 result.logprobs[i] = entry
 
-    def on_token(self, seq: Sequence, token_id: int, logits: torch.Tensor, entry: dict | None) -> FinishReason | None:
+    def on_token(
+        self, seq: Sequence, token_id: int, logits: torch.Tensor, row: int, entry: dict | None
+    ) -> FinishReason | None:
         """Account for a token just appended to `seq` (latency metrics, logprobs, generation logits, its text) and
-        apply every stop rule: the reason it ends the sequence, or None. `entry`: its logprobs, when tracked."""
+        apply every stop rule: the reason it ends the sequence, or None. `logits[row]` its logits (indexed only
+        where kept: a tensor op per token, run with the caches the step's pass flushed, is tens of us), `entry` its
+        logprobs, when tracked."""
         params = seq.params
         progress = self.progress(seq)
         now = time.perf_counter()
@@ -97,7 +101,7 @@ class OutputProcessor:
             if params.logprobs is not None:
                 progress.logprobs.append(entry)
         if params.generation_logits:
-            progress.generation_logits.append(logits.detach().float().clone())  # not a view of the step's logits
+            progress.generation_logits.append(logits[row].detach().float().clone())  # a copy: not a view
         if (
             token_id in params.stop_token_ids
             or (not params.ignore_eos and token_id in self.eos_token_ids)

@@ -25,7 +25,7 @@ from backend.core.scheduler_output import ScheduledSeq, SchedulerOutput
 
 # The stop rules a new token is checked against (OutputProcessor.on_token): the reason it ends the sequence, or
 # None. Called with the token already appended, its logits row and its logprobs entry (None when not tracked).
-StopRule = Callable[[Sequence, int, torch.Tensor, "dict | None"], "FinishReason | None"]
+StopRule = Callable[[Sequence, int, torch.Tensor, int, "dict | None"], "FinishReason | None"]
 
 
 class Scheduler:
@@ -183,7 +183,7 @@ class Scheduler:
             for i, token_id in enumerate(result.token_ids):
                 seq.token_ids.append(token_id)
                 entry = result.logprobs[i] if result.logprobs is not None else None
-                reason = stop_rule(seq, token_id, output.logits[result.rows[i]], entry)
+                reason = stop_rule(seq, token_id, output.logits, result.rows[i], entry)
                 if reason is not None:
                     break
             if seq.seq_id in output.num_accepted:  # blocks filled by accepted drafts: their hashes need the tokens

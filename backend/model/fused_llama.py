@@ -148,13 +148,14 @@ class FusedLlama:
         short steps of up to `max_m` rows, where every projection and the LM head run on the low-bit kernel at
         that size; else (None, 0)."""
         projections = self.linear_layers()
-        if self.ops is None or not all(type(lin) is LowBitLinear for lin in projections):
+        if self.ops is None or self.rotary.per_step or not all(type(lin) is LowBitLinear for lin in projections):
             return None, 0
         if len({lin.isa for lin in projections}) != 1 or any(lin.max_m < max_m for lin in projections):
             return None, 0
         norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)] + [self.final_norm]
         head_norms = [norm for layer in self.layers for norm in (layer.q_norm, layer.k_norm) if norm is not None]
         stack = self.ops.DecoderStack(
+            self.embed,
             norms,
             head_norms,
             [lin.blocks for lin in projections],
@@ -168,6 +169,22 @@ class FusedLlama:
             self.eps,
         )
         return stack, max_m
+
+    def runs_natively(self, rows: int, meta: AttentionMetadata, lora: LoraStep | None) -> bool:
+        """Whether `forward_native` computes this step: a short step (decodes, verifications) of up to `stack_rows`
+        rows, without LoRA rows."""
+        return rows <= self.stack_rows and lora is None and meta.block_tables is not None
+
+    def forward_native(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """`forward` where `runs_natively`: the whole pass (embedding, layers, final norm, LM head) in one call of
+        `self.stack`, the calls `_forward_short` makes from Python, so the same bits. float32 logits on the CPU;
+        no autograd inside, so the caller needs no inference mode."""
+        cos, sin = self.rotary.tables(self.embed, max(s.start_pos + s.num_tokens for s in meta.slices))
+        return self.stack.forward(
+            input_ids, cos, sin, meta.kv_cache, meta.slot_mapping, positions, meta.row_seq, meta.block_tables, keep
+        )
 
     def on_kernels(self, rows: int) -> bool:
         """Whether a pass of `rows` rows runs every matmul on our kernels (the native stack)."""
@@ -189,25 +206,11 @@ class FusedLlama:
     ) -> torch.Tensor:
         """`forward` for a step of decodes and verifications: per layer five calls into our kernels (norms fused
         with the residual adds, RoPE with the KV write and attention over the blocks in place, SiLU with the
-        product) between the four projections; the whole pass (layers, final norm, LM head) in one native call
-        (`self.stack`) where it applies (not with LoRA rows)."""
+        product) between the four projections (`forward_native` runs the same calls in one native call)."""
         ops, eps = self.ops, self.eps
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary(hidden, positions)
         normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
-        if hidden.shape[0] <= self.stack_rows and lora is None:
-            return self.stack.forward(
-                hidden,
-                normed,
-                cos,
-                sin,
-                meta.kv_cache,
-                meta.slot_mapping,
-                positions,
-                meta.row_seq,
-                meta.block_tables,
-                keep,
-            )
         for index, layer in enumerate(self.layers):
             attended = ops.rope_paged_attention(
                 self._head_normed(layer, _project(lora, index, "qkv", layer.qkv, normed)),

@@ -30,10 +30,14 @@ class RotaryTable:
         if self.per_step:
             cos, sin = self.rotary(like, positions[None])
             return cos[0], sin[0]
-        needed = int(positions.max()) + 1 if positions.numel() else 0
-        if needed > self.cos.shape[0] or self.cos.dtype != like.dtype:
-            self._grow(like, max(needed, 2 * self.cos.shape[0], _CHUNK))
-        return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+        cos, sin = self.tables(like, int(positions.max()) + 1 if positions.numel() else 0)
+        return cos.index_select(0, positions), sin.index_select(0, positions)
+
+    def tables(self, like: torch.Tensor, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [P, head_dim] in `like`'s dtype for positions 0 .. P - 1, P >= `positions` (not `per_step`)."""
+        if positions > self.cos.shape[0] or self.cos.dtype != like.dtype:
+            self._grow(like, max(positions, 2 * self.cos.shape[0], _CHUNK))
+        return self.cos, self.sin
 
     def _grow(self, like: torch.Tensor, size: int) -> None:
         """The table for positions 0 .. size - 1 (rounded up to whole chunks)."""

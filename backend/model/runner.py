@@ -13,7 +13,7 @@ from backend.model.gguf_weights import verified_packed
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
 from backend.model.lora import LoraAdapter, LoraStep
-from backend.model.paged_attention import ATTENTION_NAME, SeqSlice, build_metadata
+from backend.model.paged_attention import ATTENTION_NAME, AttentionMetadata, SeqSlice, build_metadata
 from backend.model.weight_blocks import Q4_1_INT8, HalfWeights, Packed, quantize_q8_0
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,6 @@ class ModelRunner:
             dst = torch.tensor([c[1] for c in copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
-    @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """Run one pass over all items; returns float32 logits [sum(num_logits), vocab] on the CPU."""
         tokens, positions, slices, keep = [], [], [], []
@@ -228,6 +227,21 @@ class ModelRunner:
         position_ids = torch.tensor(positions, device=self.device)
         keep = torch.tensor(keep, dtype=torch.long, device=self.device)
         self._use_threads(len(tokens))
+        if self.fused is not None and not adapted and self.fused.runs_natively(len(tokens), meta, None):
+            # outside inference mode, which cost a one-row step about 30 us to enter (docs/benchmarks.md)
+            return self.fused.forward_native(input_ids, position_ids, meta, keep)
+        return self._forward_torch(input_ids, position_ids, meta, keep, adapted)
+
+    @torch.inference_mode()
+    def _forward_torch(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        keep: torch.Tensor,
+        adapted: dict[int, tuple[LoraAdapter, list[int]]],
+    ) -> torch.Tensor:
+        """`forward` through torch's ops (and our layer ops): the fused forward, else Hugging Face's modules."""
         if self.fused is not None:
             lora = None
             if adapted:

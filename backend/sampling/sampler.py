@@ -38,9 +38,10 @@ def argmax_rows(values: torch.Tensor) -> list[int]:
 
 
 def take_rows(values: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """values[rows]: a view where the rows are consecutive and ascending (a step's usual layout), else a copy."""
+    """values[rows]: `values` itself where that is every row in order (a decode step's layout: no tensor op), a
+    view where the rows are consecutive and ascending, else a copy."""
     if rows and rows == list(range(rows[0], rows[0] + len(rows))):
-        return values[rows[0] : rows[0] + len(rows)]
+        return values if len(rows) == len(values) else values[rows[0] : rows[0] + len(rows)]
     return values[rows]
 
 

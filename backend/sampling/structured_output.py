@@ -171,7 +171,6 @@ class StructuredOutput:
         if pending:
             concurrent.futures.wait(pending, timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    @torch.inference_mode()  # the runner's logits are inference tensors
     def mask_logits(self, sched, logits: torch.Tensor) -> None:
         """Mask, in place, the rows of `logits` (a step's sampled rows: `sched.sample_rows[i]` is where scheduled
         sequence i's k + 1 rows start) that belong to constrained sequences."""
@@ -180,8 +179,11 @@ class StructuredOutput:
             for s, row in zip(sched.scheduled, sched.sample_rows)
             if s.samples and s.seq.matcher is not None
         ]
-        if not entries:
-            return
+        if entries:  # inference mode only then: entering it cost a one-row step about 30 us (docs/benchmarks.md)
+            self._mask(entries, logits)
+
+    @torch.inference_mode()  # the runner's logits are inference tensors
+    def _mask(self, entries: list, logits: torch.Tensor) -> None:
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         # all allowed, then the constrained rows filled in; rows past a draft token the grammar forbids are

@@ -30,7 +30,7 @@ def make(num_blocks=64, max_num_seqs=8, budget=16, prefix_caching=True):
     return Scheduler(bm, max_num_seqs, budget), bm
 
 
-def never_stops(seq, token_id, logits, entry):
+def never_stops(seq, token_id, logits, row, entry):
     return None
 
 
@@ -360,7 +360,7 @@ workload = st.lists(  # (prompt length, output length, which shared prefix, arri
 )
 
 
-def stops_at_max_tokens(seq, token_id, logits, entry):
+def stops_at_max_tokens(seq, token_id, logits, row, entry):
     return FinishReason.LENGTH if seq.num_output_tokens >= seq.params.max_tokens else None
 
 

@@ -1,4 +1,5 @@
-// A decode step's model pass in one native call: for each layer, QKV (and Qwen3's RMSNorm of each query and key
+// A decode step's model pass in one native call: the token embeddings, each row's rotary cos and sin from the
+// tables, the first input norm; then for each layer, QKV (and Qwen3's RMSNorm of each query and key
 // head), RoPE + KV write + attention over the paged
 // blocks, O projection, residual + RMSNorm, gate/up, SiLU * up, down, residual + RMSNorm; then the final norm and
 // the LM head for the rows that sample. Exactly the calls FusedLlama._forward_short makes from Python (so the
@@ -6,6 +7,8 @@
 // calls per step of the served model, and the GIL released for the whole pass. The layers' activations live in one
 // workspace allocated per pass and the ops take raw rows (ops.h), so a layer allocates and checks nothing: at one
 // row those tensors and checks were about 0.25 ms of a 4 ms pass (docs/benchmarks.md, "One workspace per pass").
+// The step's first ops (embedding, rotary lookup, first norm) are here too: as torch ops, each took 13-40 us of a
+// one-row step, run with caches the pass had just flushed (docs/benchmarks.md, "The step's Python runs cold").
 // Built once at load from the weights, where every projection and the LM head are low-bit kernel layers.
 #include <torch/extension.h>
 
@@ -72,15 +75,15 @@ void check_rows(const at::Tensor& t, int64_t rows, int64_t width, const char* na
 
 class DecoderStack {
  public:
-  // Per layer i: norms[2i] input norm, norms[2i + 1] post-attention norm; head_norms[2i], [2i + 1] the query and key
+  // `embed` [vocab, hidden] the token embeddings. Per layer i: norms[2i] input norm, norms[2i + 1] post-attention norm; head_norms[2i], [2i + 1] the query and key
   // head norms (Qwen3; empty for models without); projections[4i..4i+3] QKV, O, gate/up,
   // down (per segment: packed blocks, output rows, block format; then bias or None). Last: the final norm, and the
   // LM head.
-  DecoderStack(std::vector<at::Tensor> norms, std::vector<at::Tensor> head_norms, std::vector<std::vector<at::Tensor>> packed,
+  DecoderStack(at::Tensor embed, std::vector<at::Tensor> norms, std::vector<at::Tensor> head_norms, std::vector<std::vector<at::Tensor>> packed,
                std::vector<std::vector<int64_t>> out_features, std::vector<std::vector<int64_t>> formats,
                std::vector<c10::optional<at::Tensor>> biases, int64_t isa,
                int64_t heads, int64_t kv_heads, double scale, double eps)
-      : norms_(std::move(norms)), head_norms_(std::move(head_norms)), isa_(isa), heads_(heads), kv_heads_(kv_heads), scale_(scale), eps_(eps) {
+      : embed_(std::move(embed)), norms_(std::move(norms)), head_norms_(std::move(head_norms)), isa_(isa), heads_(heads), kv_heads_(kv_heads), scale_(scale), eps_(eps) {
     TORCH_CHECK(norms_.size() % 2 == 1 && packed.size() + 1 == 2 * norms_.size() &&
                     out_features.size() == packed.size() && formats.size() == packed.size() &&
                     biases.size() == packed.size(),
@@ -88,6 +91,9 @@ class DecoderStack {
     TORCH_CHECK(head_norms_.empty() || head_norms_.size() + 1 == norms_.size(), "head norms: none, or 2 per layer");
     for (size_t i = 0; i < packed.size(); ++i) projections_.push_back({packed[i], out_features[i], formats[i], biases[i]});
     hidden_ = norms_[0].numel();
+    TORCH_CHECK(embed_.scalar_type() == at::kFloat && embed_.is_contiguous() && embed_.dim() == 2 &&
+                    embed_.size(1) == hidden_,
+                "the embedding must be a contiguous float32 [vocab, ", hidden_, "] tensor");
     qkv_width_ = projections_[0].width();
     TORCH_CHECK(qkv_width_ % (heads_ + 2 * kv_heads_) == 0, "QKV's rows do not split into the heads");
     dim_ = qkv_width_ / (heads_ + 2 * kv_heads_);
@@ -122,17 +128,16 @@ class DecoderStack {
                    1);
   }
 
-  // `hidden` [T, H] the residual stream (updated in place), `normed` its input-normed rows for the first layer,
-  // `kv_cache` [layers, ...] (paged_attention.py), `keep` the rows that sample. Returns their logits. The layers'
-  // activations live in one workspace allocated per pass, each op writing into its slice of it.
-  at::Tensor forward(at::Tensor hidden, at::Tensor normed, at::Tensor cos, at::Tensor sin,
-                     at::Tensor kv_cache, at::Tensor slots, at::Tensor positions, at::Tensor row_seq,
-                     at::Tensor block_tables, at::Tensor keep) const {
-    const int64_t n = layers(), rows = hidden.size(0);
-    check_rows(hidden, rows, hidden_, "hidden");
-    check_rows(normed, rows, hidden_, "normed");
-    check_rows(cos, rows, dim_, "cos");
-    check_rows(sin, rows, dim_, "sin");
+  // `input_ids` [T] the step's tokens, `cos_table` and `sin_table` [P, D] the rotary values of positions 0 .. P - 1
+  // (RotaryTable), `kv_cache` [layers, ...] (paged_attention.py), `keep` the rows that sample. Returns their logits.
+  // The layers' activations live in one workspace allocated per pass, each op writing into its slice of it.
+  at::Tensor forward(at::Tensor input_ids, at::Tensor cos_table, at::Tensor sin_table, at::Tensor kv_cache,
+                     at::Tensor slots, at::Tensor positions, at::Tensor row_seq, at::Tensor block_tables,
+                     at::Tensor keep) const {
+    const at::Tensor ids = input_ids.to(at::kLong).contiguous();
+    const int64_t n = layers(), rows = ids.numel(), vocab = embed_.size(0), table_rows = cos_table.size(0);
+    check_rows(cos_table, table_rows, dim_, "cos_table");
+    check_rows(sin_table, table_rows, dim_, "sin_table");
     TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.is_contiguous() && kv_cache.dim() == 6 &&
                     kv_cache.size(0) >= n && kv_cache.size(4) == kv_heads_ && kv_cache.size(5) == dim_,
                 "kv_cache must be contiguous float32 [layers, 2, blocks, block_size, ", kv_heads_, ", ", dim_, "]");
@@ -140,30 +145,44 @@ class DecoderStack {
     const at::Tensor seq = row_seq.to(at::kLong).contiguous(), tables = block_tables.to(at::kLong).contiguous();
     TORCH_CHECK(slot.numel() == rows && pos.numel() == rows && seq.numel() == rows && tables.dim() == 2,
                 "slots, positions and row_seq need one entry per row; block_tables [sequences, max_blocks]");
+    const int64_t *id = ids.data_ptr<int64_t>(), *position = pos.data_ptr<int64_t>();
+    for (int64_t t = 0; t < rows; ++t) {
+      TORCH_CHECK(id[t] >= 0 && id[t] < vocab, "token id ", id[t], " is outside the vocabulary of ", vocab);
+      TORCH_CHECK(position[t] >= 0 && position[t] < table_rows, "position ", position[t], " is past the rotary table");
+    }
     const int64_t layer_floats = kv_cache.numel() / kv_cache.size(0);
     PagedKv kv{nullptr, layer_floats / 2, kv_cache.size(3), heads_, kv_heads_, dim_, tables.size(1),
                slot.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), seq.data_ptr<int64_t>(),
                tables.data_ptr<int64_t>(), (float)scale_};
     const int64_t attention_width = heads_ * dim_;
     // the layer's activations: consecutive [rows, width] slices of one workspace
-    at::Tensor workspace =
-        at::empty({rows * (qkv_width_ + 2 * attention_width + 3 * hidden_ + 3 * intermediate_)}, hidden.options());
+    at::Tensor hidden = at::empty({rows, hidden_}, embed_.options());  // the residual stream
+    at::Tensor workspace = at::empty(
+        {rows * (qkv_width_ + 2 * attention_width + 3 * hidden_ + 3 * intermediate_ + 2 * dim_)}, embed_.options());
     float* unused = workspace.data_ptr<float>();
     const auto slice = [&](int64_t width) { return std::exchange(unused, unused + rows * width); };
     float *qkv = slice(qkv_width_), *queries = slice(attention_width), *attended = slice(attention_width),
           *projected = slice(hidden_), *next_normed = slice(hidden_), *gate_up = slice(2 * intermediate_),
-          *gated = slice(intermediate_), *delta = slice(hidden_);
+          *gated = slice(intermediate_), *delta = slice(hidden_), *cos = slice(dim_), *sin = slice(dim_);
     float* h = hidden.data_ptr<float>();
-    const float* layer_input = normed.data_ptr<float>();
+    const float *embed = embed_.data_ptr<float>(), *cos_rows = cos_table.data_ptr<float>(),
+                *sin_rows = sin_table.data_ptr<float>();
+    for (int64_t t = 0; t < rows; ++t) {  // copies: F.embedding's rows and the rotary table's, bit for bit
+      std::copy(embed + id[t] * hidden_, embed + (id[t] + 1) * hidden_, h + t * hidden_);
+      std::copy(cos_rows + position[t] * dim_, cos_rows + (position[t] + 1) * dim_, cos + t * dim_);
+      std::copy(sin_rows + position[t] * dim_, sin_rows + (position[t] + 1) * dim_, sin + t * dim_);
+    }
+    add_rms_norm_into(h, nullptr, norms_[0].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
+    const float* layer_input = next_normed;
     for (int64_t i = 0; i < n; ++i) {
       const Projection* p = &projections_[4 * i];
       p[0].into(layer_input, rows, qkv, isa_);
       at::Tensor normed_heads;  // Qwen3's head norms: a tensor of its own
       if (!head_norms_.empty())
-        normed_heads = head_normed(at::from_blob(qkv, {rows, qkv_width_}, hidden.options()), i);
+        normed_heads = head_normed(at::from_blob(qkv, {rows, qkv_width_}, embed_.options()), i);
       kv.cache = kv_cache.data_ptr<float>() + i * layer_floats;
-      rope_paged_attention_into(normed_heads.defined() ? normed_heads.data_ptr<float>() : qkv, cos.data_ptr<float>(),
-                                sin.data_ptr<float>(), rows, kv, queries, attended);
+      rope_paged_attention_into(normed_heads.defined() ? normed_heads.data_ptr<float>() : qkv, cos, sin, rows, kv,
+                                queries, attended);
       p[1].into(attended, rows, projected, isa_);
       add_rms_norm_into(h, projected, norms_[2 * i + 1].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
       p[2].into(next_normed, rows, gate_up, isa_);
@@ -180,6 +199,7 @@ class DecoderStack {
   }
 
  private:
+  at::Tensor embed_;
   std::vector<at::Tensor> norms_, head_norms_;
   std::vector<Projection> projections_;
   int64_t isa_, heads_, kv_heads_;
@@ -189,7 +209,7 @@ class DecoderStack {
 
 void bind_decoder_stack(py::module& m) {
   py::class_<DecoderStack>(m, "DecoderStack")
-      .def(py::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<std::vector<at::Tensor>>, std::vector<std::vector<int64_t>>,
+      .def(py::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<std::vector<at::Tensor>>, std::vector<std::vector<int64_t>>,
                     std::vector<std::vector<int64_t>>, std::vector<c10::optional<at::Tensor>>, int64_t, int64_t,
                     int64_t, double, double>())
       .def("layers", &DecoderStack::layers)
