@@ -227,7 +227,7 @@ class ModelRunner:
         position_ids = torch.tensor(positions, device=self.device)
         keep = torch.tensor(keep, dtype=torch.long, device=self.device)
         self._use_threads(len(tokens))
-        if self.fused is not None and not adapted and self.fused.runs_natively(len(tokens), meta, None):
+        if self.fused is not None and not adapted and self.fused.runs_natively(len(tokens), meta):
             # outside inference mode, which cost a one-row step about 30 us to enter (docs/benchmarks.md)
             return self.fused.forward_native(input_ids, position_ids, meta, keep)
         return self._forward_torch(input_ids, position_ids, meta, keep, adapted)
