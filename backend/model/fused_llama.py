@@ -173,7 +173,7 @@ class FusedLlama:
     def runs_natively(self, rows: int, meta: AttentionMetadata) -> bool:
         """Whether `forward_native` computes this step (one without LoRA rows: those take `forward`): a short step
         (decodes, verifications) of up to `stack_rows` rows."""
-        return rows <= self.stack_rows and meta.block_tables is not None
+        return self.on_kernels(rows) and meta.block_tables is not None
 
     def forward_native(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor

@@ -75,10 +75,10 @@ void check_rows(const at::Tensor& t, int64_t rows, int64_t width, const char* na
 
 class DecoderStack {
  public:
-  // `embed` [vocab, hidden] the token embeddings. Per layer i: norms[2i] input norm, norms[2i + 1] post-attention norm; head_norms[2i], [2i + 1] the query and key
-  // head norms (Qwen3; empty for models without); projections[4i..4i+3] QKV, O, gate/up,
-  // down (per segment: packed blocks, output rows, block format; then bias or None). Last: the final norm, and the
-  // LM head.
+  // `embed` [vocab, hidden] the token embeddings. Per layer i: norms[2i] input norm, norms[2i + 1] post-attention
+  // norm; head_norms[2i], [2i + 1] the query and key head norms (Qwen3; empty for models without);
+  // projections[4i..4i+3] QKV, O, gate/up, down (per segment: packed blocks, output rows, block format; then bias or
+  // None). Last: the final norm, and the LM head.
   DecoderStack(at::Tensor embed, std::vector<at::Tensor> norms, std::vector<at::Tensor> head_norms, std::vector<std::vector<at::Tensor>> packed,
                std::vector<std::vector<int64_t>> out_features, std::vector<std::vector<int64_t>> formats,
                std::vector<c10::optional<at::Tensor>> biases, int64_t isa,
