@@ -78,7 +78,7 @@ def machine_and_settings(bench: Bench, info: dict) -> list[str]:
         f"| load average (1, 5, 15 min) | start {info['load_average_start']}, end {info['load_average_end']} |",
         f"| software | Python {info['python']}, torch {info['torch']}, transformers {info['transformers']}, "
         f"{info['platform']} |",
-        f"| model | {Path(bench.model_dir).name} ({os.path.relpath(bench.model_dir, REPO_ROOT)}) |",
+        f"| model | {Path(bench.model_dir).name} ({os.path.relpath(os.path.abspath(bench.args.model), REPO_ROOT)}) |",
         f"| served configuration | model_repository/llm/config.pbtxt: dtype {params.get('dtype')} (= "
         f"{resolved_dtype()} here), quantization {params.get('quantization')}, model_impl "
         f"{params.get('model_impl')}, max_num_seqs {params.get('max_num_seqs')}, max_num_batched_tokens "
