@@ -222,12 +222,15 @@ def run_triton(
     return run_closed_loop(requests, concurrency, make_sender)
 
 
-def measure_ceilings(seconds: float = 1.0, size: int = 1024, read_mib: int = 256) -> dict[str, float]:
-    """The machine's ceilings at the current torch thread count: fp32 and bf16 matmul GFLOP/s (square
+def measure_ceilings(
+    seconds: float = 1.0, size: int = 1024, read_mib: int = 256, matmuls: tuple[str, ...] = ("fp32", "bf16")
+) -> dict[str, float]:
+    """The machine's ceilings at the current torch thread count: matmul GFLOP/s in each of `matmuls` (square
     matmuls of `size`) and memory read bandwidth GB/s (summing a `read_mib` MiB fp32 tensor, much larger than
     the caches). Each is the median of repeated timings over about `seconds`."""
     out = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for name in matmuls:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
         a = torch.randn(size, size, dtype=dtype)
         b = torch.randn(size, size, dtype=dtype)
         a @ b  # warm-up

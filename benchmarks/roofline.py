@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from benchmarks.common import measure_ceilings
 from benchmarks.context import Bench
 from benchmarks.decode_profile import LOWBIT_MATMUL, MATMUL, decode_setup, measure_profiles
 from benchmarks.progress import log
@@ -95,6 +96,32 @@ def decode_rate(engine, batch: int, steps: int) -> tuple[float, float]:
     return step, batch / step
 
 
+ROUND_FIGURES = ("step_s", "rate", "memory", "compute")
+
+
+def decode_rounds(
+    engine, batch: int, steps: int, rounds: int, matmul: str, weight_bytes: int, matmul_params: int, threads: int
+):
+    """`rounds` of: the machine's ceilings on `threads` (0.25 s each), then `steps` decode steps at `batch`. Per
+    round the step's median seconds, its tokens/s, and both ceilings in tokens/s (memory: batch x bandwidth / bytes
+    read per step; compute: FLOP/s / (2 x matmul weights) per token). A shared machine's speed drifts by 15-20 %
+    from one minute to the next (docs/benchmarks.md), so a share is computed within a round, never across them."""
+    out = []
+    for _ in range(rounds):
+        torch.set_num_threads(threads)  # the engine's step leaves torch on one thread where our kernels ran it
+        ceilings = measure_ceilings(seconds=0.25, matmuls=(matmul,))
+        step_s, rate = decode_rate(engine, batch, steps)
+        out.append(
+            {
+                "step_s": step_s,
+                "rate": rate,
+                "memory": batch * ceilings["mem_read_gbs"] * 1e9 / weight_bytes,
+                "compute": ceilings[f"matmul_{matmul}_gflops"] * 1e9 / (2 * matmul_params),
+            }
+        )
+    return out
+
+
 def linear_layers_time(engine, batch: int, repeats: int = 5) -> float:
     """Median seconds of one pass over the step's linear layers (the engine's own kernels, LM head included)
     at `batch` rows, nothing else: the matmul floor of a decode step."""
@@ -119,18 +146,21 @@ def run(bench: Bench) -> list[str]:
     ceil = bench.results["ceilings"]
     engine = bench.engine()
     dtype = engine.config.dtype
-    gflops_key = "matmul_bf16_gflops" if dtype == "bfloat16" else "matmul_fp32_gflops"
+    matmul = "bf16" if dtype == "bfloat16" else "fp32"
+    gflops_key = f"matmul_{matmul}_gflops"
     matmul_params = sum(lin.weight.numel() for lin in engine_linears(engine))
-    bw, flops = ceil["mem_read_gbs"] * 1e9, ceil[gflops_key] * 1e9
     rows, data = [], {}
     for batch in (1, s.roofline_batch):
-        log(f"4: decode rate at batch {batch}")
-        step_s, rate = decode_rate(engine, batch, s.decode_steps)
-        linear_s = linear_layers_time(engine, batch)
+        log(f"4: decode rate at batch {batch}, {s.roofline_rounds} rounds")
         weight_bytes = sum(bytes_per_step(engine, batch).values())
-        memory = batch * bw / weight_bytes  # every step reads the weights once
-        compute = flops / (2 * matmul_params)
-        bound, ceiling = ("memory", memory) if memory < compute else ("compute", compute)
+        rounds = decode_rounds(
+            engine, batch, s.decode_steps, s.roofline_rounds, matmul, weight_bytes, matmul_params, s.threads
+        )
+        linear_s = linear_layers_time(engine, batch)
+        step_s, rate, memory, compute = (statistics.median(r[k] for r in rounds) for k in ROUND_FIGURES)
+        bound = "memory" if memory < compute else "compute"
+        memory_share = statistics.median(r["rate"] / r["memory"] for r in rounds)
+        compute_share = statistics.median(r["rate"] / r["compute"] for r in rounds)
         data[batch] = {
             "decode_tok_s": rate,
             "step_ms": step_s * 1e3,
@@ -139,14 +169,16 @@ def run(bench: Bench) -> list[str]:
             "memory_ceiling_tok_s": memory,
             "compute_ceiling_tok_s": compute,
             "bound": bound,
-            "fraction": rate / ceiling,
+            "fraction": memory_share if bound == "memory" else compute_share,
+            "rounds": rounds,
             "linear_only_ms": linear_s * 1e3,
             "linear_only_tok_s": batch / linear_s,
         }
-        goal, share = ("P5", rate / memory) if batch == 1 else ("P6", rate / compute)
+        goal, share = ("P5", memory_share) if batch == 1 else ("P6", compute_share)
         rows.append(
             f"| {batch} | {rate:.1f} | {step_s * 1e3:.1f} | {weight_bytes / 2**20:.1f} | {memory:.1f} | "
-            f"{compute:.1f} | {bound} | {bench.target(goal, share, f'batch {batch}')} | {linear_s * 1e3:.1f} "
+            f"{compute:.1f} | {bound} | {bench.target(goal, share, f'batch {batch}')}{_spread(rounds, goal)} | "
+            f"{linear_s * 1e3:.1f} "
             f"ms = {batch / linear_s:.1f} tok/s ({linear_s / step_s * 100:.0f} % of the step) |"
         )
     measure_profiles(bench)
@@ -162,11 +194,14 @@ def run(bench: Bench) -> list[str]:
         f"{matmul_params / 1e6:.1f} M weights in its matmuls. Weight bytes read per decode step, from the "
         f"engine's own layer objects: {describe_bytes(engine, 1)}; {describe_bytes(engine, s.roofline_batch)}. "
         f"Ceilings measured above: memory read {ceil['mem_read_gbs']:.1f} GB/s, {dtype} matmul "
-        f"{ceil[gflops_key]:.1f} GFLOP/s. Memory ceiling = batch x bandwidth / bytes read per step; compute "
+        f"{ceil[gflops_key]:.1f} GFLOP/s; here each batch runs {s.roofline_rounds} rounds of both ceilings "
+        f"(0.25 s each) then {s.decode_steps} decode steps, and every share is the median of the rounds' shares, "
+        "each ceiling and rate from the same seconds (the other columns: medians of the rounds). Memory ceiling = "
+        "batch x bandwidth / bytes read per step; compute "
         "ceiling = FLOP/s / (2 x matmul weights) per token. P5: batch 1 against the memory ceiling (target "
         f"{GOALS['P5'].text}); P6: batch {s.roofline_batch} against the compute ceiling (target "
         f"{GOALS['P6'].text}). Decode rate: the in-process engine, every sequence decoding (prompt already in), "
-        f"greedy, median step time over {s.decode_steps} steps. Linear layers alone: the engine's own linear "
+        f"greedy, median step time of a round's steps. Linear layers alone: the engine's own linear "
         "layer objects called on a [batch, in_features] input, layer after layer, nothing else (the matmul floor "
         "of a step with these kernels).",
         "",
@@ -179,8 +214,16 @@ def run(bench: Bench) -> list[str]:
         "",
         _profile_summary(data, bench.profiles),
         "",
-        bench.plot(_figure(data, bench.profiles, bw, flops, matmul_params), "roofline.png"),
+        bench.plot(_figure(data, bench.profiles, matmul_params), "roofline.png"),
     ]
+
+
+def _spread(rounds: list[dict], goal: str) -> str:
+    """The rounds' shares, lowest and highest, where there are several."""
+    if len(rounds) < 2:
+        return ""
+    shares = [r["rate"] / r["memory" if goal == "P5" else "compute"] * 100 for r in rounds]
+    return f", rounds {min(shares):.0f}-{max(shares):.0f} %"
 
 
 def _profile_summary(data: dict, profiles: dict) -> str:
@@ -205,8 +248,11 @@ def _profile_summary(data: dict, profiles: dict) -> str:
     return " ".join(parts)
 
 
-def _figure(data: dict, profiles: dict, bw: float, flops: float, matmul_params: int):
+def _figure(data: dict, profiles: dict, matmul_params: int):
     import matplotlib.pyplot as plt
+
+    bw = statistics.median(r["memory"] * d["bytes_per_step"] / b for b, d in data.items() for r in d["rounds"])
+    flops = statistics.median(r["compute"] * 2 * matmul_params for d in data.values() for r in d["rounds"])
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     intensity = [0.1 * 2 ** (k / 4) for k in range(0, 45)]  # FLOP per byte, 0.1 to ~240

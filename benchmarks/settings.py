@@ -28,10 +28,11 @@ class Settings:
     seed_repeats: list[int]  # section 1: the queue once (as listed), twice (as the seed's logs ran it), ...
     repeats: int  # section 3: runs per path and level (median)
     roofline_batch: int
-    decode_steps: int  # section 4: timed decode steps
+    decode_steps: int  # section 4: timed decode steps a round
+    roofline_rounds: int  # section 4: rounds of the ceilings, then decode steps
     profile_steps: int
     decode_tokens: int  # section 6: llama-bench -n, and our batch-1 requests' length
-    decode_requests: int  # section 6: our batch-1 requests through Triton
+    decode_requests: int  # section 6: rounds of one llama-bench run and one of our batch-1 requests
     llama_bench_repetitions: int
     quick: bool
 
@@ -55,6 +56,7 @@ def make_settings(args) -> Settings:
             repeats=1,
             roofline_batch=8,
             decode_steps=4,
+            roofline_rounds=1,
             profile_steps=2,
             decode_tokens=16,
             decode_requests=1,
@@ -79,9 +81,10 @@ def make_settings(args) -> Settings:
             repeats=2,
             roofline_batch=32,
             decode_steps=16,
+            roofline_rounds=5,
             profile_steps=4,
             decode_tokens=128,
-            decode_requests=3,
+            decode_requests=5,
             llama_bench_repetitions=5,
             quick=False,
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import llama_cpp_build, threads_in_process, vs_llama_cpp
+from benchmarks import llama_cpp_build, roofline, threads_in_process, vs_llama_cpp
 from benchmarks.common import LoadResult
 from benchmarks.context import Bench
 from benchmarks.settings import make_settings
@@ -26,6 +27,7 @@ FAKE_DECODE_TOK_S = 100.0
 
 FAKE_LLAMA_BENCH = f"""
 import json
+import statistics
 test = {{"avg_ts": {FAKE_DECODE_TOK_S}, "stddev_ts": 1.5, "build_commit": "fake0", "model_type": "llama ?B"}}
 print(json.dumps([test]))
 """
@@ -175,14 +177,21 @@ def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
     matplotlib.use("Agg")
     bench = bench_with_fake_llama_cpp(tmp_path, str(tmp_path))
     bench.server = FakeTriton()
+    bench.s.decode_requests = 3  # rounds of llama-bench then one of our requests
 
     lines = vs_llama_cpp.run(bench)
 
     section = bench.results["sections"]["6"]
     assert section["llama_bench"]["tokens_per_s"] == FAKE_DECODE_TOK_S
     assert section["llama_bench"]["command"].startswith("llama-bench -m model.gguf -t 2 ")
+    assert section["llama_bench"]["command"].endswith(" -r 1 -o json")
     # ours: 16 tokens in 0.5 s, the first at 0.05 s -> 15 tokens over 0.45 s
     assert section["ours_decode_tok_s"] == pytest.approx(15 / 0.45)
+    rounds = section["batch_one_rounds"]
+    assert [r["ratio"] for r in rounds] == pytest.approx([15 / 0.45 / FAKE_DECODE_TOK_S] * 3)
+    p8 = next(t for t in bench.results["targets"] if t["id"] == "P8")
+    assert p8["value"] == pytest.approx(15 / 0.45 / FAKE_DECODE_TOK_S)
+    assert bench.server.calls[:3] == [(MAIN_MODEL, 1, 1)] * 3
     assert sorted(section["streams"]) == bench.s.concurrency
     for row in section["streams"].values():
         assert row["llama_server"]["output_tokens"] == row["ours"]["output_tokens"] > 0
@@ -350,3 +359,26 @@ def test_the_roofline_summary_counts_the_low_bit_kernel_as_matmuls():
     summary = _profile_summary(data, profiles)
     assert "the step is 60 % matmuls" in summary, summary
     assert "the largest parts being matmuls (our low-bit kernel) 50 %, sampling 40 %" in summary
+
+
+def test_section_4_shares_come_from_rounds_of_ceilings_and_steps(tmp_path, tiny_llama):
+    """Each P5 / P6 share divides a round's rate by the ceiling measured in the same round; the section reports
+    the median of those shares (the machine's speed drifts between rounds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    bench = bench_with_fake_llama_cpp(tmp_path, tiny_llama)
+    bench.s.roofline_rounds = 3
+    bench.ceilings()
+
+    lines = roofline.run(bench)
+
+    decode = bench.results["sections"]["4"]["decode"]
+    targets = {t["id"]: t["value"] for t in bench.results["targets"]}
+    for batch, goal, ceiling in ((1, "P5", "memory"), (bench.s.roofline_batch, "P6", "compute")):
+        rounds = decode[batch]["rounds"]
+        assert len(rounds) == 3 and all(r["rate"] == pytest.approx(batch / r["step_s"]) for r in rounds)
+        assert targets[goal] == pytest.approx(statistics.median(r["rate"] / r[ceiling] for r in rounds))
+        assert decode[batch]["decode_tok_s"] == pytest.approx(statistics.median(r["rate"] for r in rounds))
+    assert any(line.startswith("| 1 |") and ", rounds " in line for line in lines)
+    assert (tmp_path / "roofline.png").is_file()
