@@ -91,16 +91,39 @@ def compared_configurations() -> list[tuple[str, str, str]]:
 
 def run(bench: Bench) -> list[str]:
     s = bench.s
-    rows, data, theirs = [], {}, {}
-    for label, dtype, variant in compared_configurations():
-        data[label] = _compare(bench, label, dtype, variant, theirs, rows)
+    configurations = compared_configurations()
+    runs = {label: {} for label, _, _ in configurations}  # label -> streams -> (ours, transformers')
+    managers: dict[str, HFContinuous] = {}
+    try:
+        for c in s.concurrency:  # each level's runs back to back: the machine's speed drifts from minute to minute
+            requests = throughput_requests(s, c)
+            theirs = {}
+            for label, dtype, variant in configurations:
+                if dtype not in theirs:
+                    log(f"2: {dtype}, {c} streams, {len(requests)} requests x {s.max_tokens} tokens: transformers CB")
+                    theirs[dtype] = _manager(bench, managers, dtype).run(requests, c)
+                log(f"2: {label}, {c} streams: our engine through Triton ({variant})")
+                ours = bench.triton(c) if variant == MAIN_MODEL else bench.server.run(variant, requests, c)
+                runs[label][c] = (ours, theirs[dtype])
+    finally:
+        for manager in managers.values():
+            manager.close()
+    rows, data = [], {label: {} for label in runs}
+    for label, _, variant in configurations:
+        for c, (ours, hf) in runs[label].items():
+            ratio = ours.tokens_per_s / hf.tokens_per_s
+            counts = variant == MAIN_MODEL and c == largest(s.concurrency, 32)
+            verdict = bench.verdict("P2", ratio, f"{label}, {c} streams", counts=counts)
+            rows.append(versus_row([label, c, ours.num_requests], ours, hf, verdict))
+            data[label][c] = {"ours": load_summary(ours), "transformers_cb": load_summary(hf), "ratio": ratio}
     bench.results["sections"]["2"] = data
     lines = [
         f"Prompts: benchmarks/common.py PROMPTS (8, cycled); every request {s.max_tokens} output tokens "
         "(ignore_eos; eos_token_id=-1 for transformers), greedy. transformers: `model.init_continuous_batching()` "
         "(ContinuousBatchingManager, sdpa attention, max_requests_per_batch 32, max_batch_tokens 512: the same "
         "limits as our engine) on the model loaded in the row's dtype (the same fp32 checkpoint the server "
-        "reads), fed from the same process with at most N requests in flight, run once per dtype. Ours: gRPC "
+        "reads), fed from the same process with at most N requests in flight, run once per dtype and level, right "
+        "before ours at that level (one run serves both of a dtype's rows). Ours: gRPC "
         f"streaming clients through tritonserver. The served rows run the served configuration (`{MAIN_MODEL}`: "
         f"{_served_description(bench)}), which P2 counts at {largest(s.concurrency, 32)} streams (target "
         f"{GOALS['P2'].text}); the dense rows run the `{FP32_MODEL}` variant (dtype float32, quantization none: "
@@ -116,41 +139,14 @@ def run(bench: Bench) -> list[str]:
     return lines
 
 
-def _compare(bench: Bench, label: str, dtype: str, variant: str, theirs: dict, rows: list[str]) -> dict:
-    """Our `variant` through Triton against transformers in `dtype` (its runs kept in `theirs` for the next
-    configuration in the same dtype) at every concurrency."""
-    s = bench.s
-    if dtype not in theirs:
-        theirs[dtype] = _transformers_runs(bench, dtype)
-    data = {}
-    for c in s.concurrency:
-        log(f"2: {label}, {c} streams: our engine through Triton ({variant})")
-        requests = throughput_requests(s, c)
-        ours = bench.triton(c) if variant == MAIN_MODEL else bench.server.run(variant, requests, c)
-        hf = theirs[dtype][c]
-        ratio = ours.tokens_per_s / hf.tokens_per_s
-        counts = variant == MAIN_MODEL and c == largest(s.concurrency, 32)
-        verdict = bench.verdict("P2", ratio, f"{label}, {c} streams", counts=counts)
-        data[c] = {"ours": load_summary(ours), "transformers_cb": load_summary(hf), "ratio": ratio}
-        rows.append(versus_row([label, c, len(requests)], ours, hf, verdict))
-    return data
-
-
-def _transformers_runs(bench: Bench, dtype: str) -> dict[int, LoadResult]:
-    s = bench.s
-    model, tok = bench.hf(getattr(torch, dtype))
-    max_prompt = max(len(tok(p).input_ids) for p in PROMPTS)
-    log(f"2: transformers continuous batching, {dtype}")
-    hf = HFContinuous(model, tok, max_prompt, s.max_tokens)
-    try:
-        runs = {}
-        for c in s.concurrency:
-            requests = throughput_requests(s, c)
-            log(f"2: {dtype}, {c} streams, {len(requests)} requests x {s.max_tokens} tokens: transformers CB")
-            runs[c] = hf.run(requests, c)
-        return runs
-    finally:
-        hf.close()
+def _manager(bench: Bench, managers: dict, dtype: str) -> HFContinuous:
+    """transformers' continuous batching on the model in `dtype`, started at its first use."""
+    model, tok = bench.hf(getattr(torch, dtype))  # (sets the process's torch threads to the peer's)
+    if dtype not in managers:
+        max_prompt = max(len(tok(p).input_ids) for p in PROMPTS)
+        log(f"2: transformers continuous batching, {dtype}")
+        managers[dtype] = HFContinuous(model, tok, max_prompt, bench.s.max_tokens)
+    return managers[dtype]
 
 
 def _no_bf16_note() -> str:
