@@ -90,7 +90,7 @@ def machine_and_settings(bench: Bench, info: dict) -> list[str]:
         f"requests per level max({s.min_requests}, {s.requests_per_stream:g} x streams); load levels "
         f"{s.load_levels} (5), requests per level max({s.load_min_requests}, {s.load_requests_per_stream:g} x "
         f"streams); section 3 repeats {s.repeats}; section 1 queue repeats {s.seed_repeats}; section 6 batch-1 "
-        f"decode {s.decode_requests} rounds of {s.decode_tokens} tokens (llama-bench, then ours) |",
+        f"decode {s.decode_rounds} rounds of {s.decode_tokens} tokens (llama-bench, then ours) |",
         "",
         "Medians throughout; every ratio compares numbers measured in this run.",
         "",

@@ -99,7 +99,7 @@ def decode_rate(engine, batch: int, steps: int) -> tuple[float, float]:
 ROUND_FIGURES = ("step_s", "rate", "memory", "compute")
 
 
-def decode_rounds(
+def ceiling_rounds(
     engine, batch: int, steps: int, rounds: int, matmul: str, weight_bytes: int, matmul_params: int, threads: int
 ):
     """`rounds` of: the machine's ceilings on `threads` (0.25 s each), then `steps` decode steps at `batch`. Per
@@ -153,7 +153,7 @@ def run(bench: Bench) -> list[str]:
     for batch in (1, s.roofline_batch):
         log(f"4: decode rate at batch {batch}, {s.roofline_rounds} rounds")
         weight_bytes = sum(bytes_per_step(engine, batch).values())
-        rounds = decode_rounds(
+        rounds = ceiling_rounds(
             engine, batch, s.decode_steps, s.roofline_rounds, matmul, weight_bytes, matmul_params, s.threads
         )
         linear_s = linear_layers_time(engine, batch)

@@ -32,7 +32,7 @@ class Settings:
     roofline_rounds: int  # section 4: rounds of the ceilings, then decode steps
     profile_steps: int
     decode_tokens: int  # section 6: llama-bench -n, and our batch-1 requests' length
-    decode_requests: int  # section 6: rounds of one llama-bench run and one of our batch-1 requests
+    decode_rounds: int  # section 6: rounds of one llama-bench run and one of our batch-1 requests
     llama_bench_repetitions: int
     quick: bool
 
@@ -59,7 +59,7 @@ def make_settings(args) -> Settings:
             roofline_rounds=1,
             profile_steps=2,
             decode_tokens=16,
-            decode_requests=1,
+            decode_rounds=1,
             llama_bench_repetitions=1,
             quick=True,
         )
@@ -84,7 +84,7 @@ def make_settings(args) -> Settings:
             roofline_rounds=5,
             profile_steps=4,
             decode_tokens=128,
-            decode_requests=5,
+            decode_rounds=5,
             llama_bench_repetitions=5,
             quick=False,
         )

@@ -249,15 +249,15 @@ def decode_tokens_per_s(result: LoadResult, tokens: int) -> float:
 
 
 def batch_one_rounds(bench: Bench, llama: LlamaCpp) -> tuple[dict, LoadResult, list[dict]]:
-    """Batch-1 decode of both, in `decode_requests` rounds of one llama-bench run then one of our requests,
+    """Batch-1 decode of both, in `decode_rounds` rounds of one llama-bench run then one of our requests,
     back to back: on a shared machine whose speed drifts by 15-20 % from one minute to the next, a ratio of two
     measurements taken minutes apart moved from 1.02x to 1.34x on the same code (docs/benchmarks.md). Returns
     llama-bench's figures (mean and standard deviation over the rounds), our requests as one run, and per round
     both rates and their ratio."""
     s = bench.s
     runs, ours, rounds = [], [], []
-    for i in range(s.decode_requests):
-        log(f"6: batch-1 decode of {s.decode_tokens} tokens, round {i + 1} of {s.decode_requests}: llama-bench, ours")
+    for i in range(s.decode_rounds):
+        log(f"6: batch-1 decode of {s.decode_tokens} tokens, round {i + 1} of {s.decode_rounds}: llama-bench, ours")
         runs.append(llama.bench_decode(s.peer_threads, s.decode_tokens, 1))
         request = [(PROMPTS[i % len(PROMPTS)], s.decode_tokens)]
         ours.append(_check_tokens(bench.server.run(MAIN_MODEL, request, 1), request, "our engine"))

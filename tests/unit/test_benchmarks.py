@@ -177,7 +177,7 @@ def test_section_6_runs_against_a_fake_llama_cpp(tmp_path):
     matplotlib.use("Agg")
     bench = bench_with_fake_llama_cpp(tmp_path, str(tmp_path))
     bench.server = FakeTriton()
-    bench.s.decode_requests = 3  # rounds of llama-bench then one of our requests
+    bench.s.decode_rounds = 3  # rounds of llama-bench then one of our requests
 
     lines = vs_llama_cpp.run(bench)
 
