@@ -4,7 +4,7 @@
 #   make model    models/smollm2-135m-instruct/ (HF safetensors folder converted from the GGUF)
 #   make triton   .triton/backends/ (Triton backend directory assembled from the nvidia-pytriton wheel)
 #   make kernels  .cache/kernels/ (our C++ low-bit kernels, built with torch's extension tooling)
-#   make weights  .cache/weights/ (the model's GGUF blocks, checked and packed for the kernels)
+#   make weights  what the served model reads from its GGUF (python -m backend.model.gguf_weights)
 #   make serve    run tritonserver and the OpenAI front door in the foreground (HTTP_PORT=8000 GRPC_PORT=8001
 #                 METRICS_PORT=8002 OPENAI_PORT=9000; API_KEY=... makes the front door require it); one Ctrl-C
 #                 stops both
@@ -88,8 +88,7 @@ $(KERNEL_STAMP): $(wildcard backend/model/kernels/*.cpp backend/model/kernels/*.
 	$(VENV_PY) -m backend.model.kernels
 	@mkdir -p $(@D) && touch $@
 
-# The model's GGUF blocks, checked against its fp32 weights and packed for the kernel, into .cache/weights
-# (keyed by the files and the code; a few seconds when already there), so that servers start without it.
+# What the served model reads from its GGUF (the weights' resident bytes); servers read the file itself at load.
 weights: model kernels
 	$(VENV_PY) -m backend.model.gguf_weights $(MODEL_DIR)
 

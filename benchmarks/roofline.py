@@ -59,7 +59,7 @@ def bytes_per_step(engine, batch: int) -> dict[str, int]:
     return {
         "decoder linear layers": sum(linear_bytes(lin, batch) for lin in linears[:-1]),
         "LM head": linear_bytes(linears[-1], batch),
-        "norms and embedding rows": _nbytes(*norms) + batch * fused.embed[0].numel() * fused.embed.element_size(),
+        "norms and embedding rows": _nbytes(*norms) + batch * fused.embed.nbytes // fused.embed.vocab_size,
     }
 
 

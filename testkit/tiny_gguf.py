@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import math
-import mmap
-import struct
 from pathlib import Path
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
+
+from backend.model import gguf_file
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -72,50 +71,11 @@ def smollm2_gguf() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
 def read_gguf(path) -> tuple[dict, dict]:
     """A GGUF's metadata, key -> (value, type, array item type), and tensors, name -> (type, raw rows as stored,
-    memory-mapped). Read by hand: gguf.GGUFReader takes seconds over the 147k items of a vocabulary's arrays."""
-    STRING, ARRAY = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        pos = 24  # past the magic, the version and the two counts
-
-        def read(fmt):
-            nonlocal pos
-            values = struct.unpack_from("<" + fmt, buf, pos)
-            pos += struct.calcsize("<" + fmt)
-            return values
-
-        def value(vtype):
-            nonlocal pos
-            if vtype == STRING:
-                pos += 8 + (n := read("Q")[0])
-                return buf[pos - n : pos].decode()
-            return read(_SCALAR[vtype])[0]
-
-        n_tensors, n_keys = struct.unpack_from("<QQ", buf, 8)
-        fields, table = {}, []
-        for _ in range(n_keys):
-            key, vtype = value(STRING), gguf.GGUFValueType(read("I")[0])
-            if vtype == ARRAY:
-                item, n = read("IQ")
-                fields[key] = ([value(item) for _ in range(n)], vtype, gguf.GGUFValueType(item))
-            else:
-                fields[key] = (value(vtype), vtype, None)
-        for _ in range(n_tensors):
-            name, dims = value(STRING), read(f"{read('I')[0]}Q")
-            table.append((name, dims, *read("IQ")))
-    align = fields.get("general.alignment", (32,))[0]
-    start = -(-pos // align) * align
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors = {}
-    for name, dims, qtype, offset in table:
-        block, size = gguf.GGML_QUANT_SIZES[QT(qtype)]
-        raw = data[start + offset :][: math.prod(dims) // block * size]
-        tensors[name] = (QT(qtype), raw.reshape(*dims[:0:-1], -1))  # ggml lists dims fastest first
-    return fields, tensors
+    memory-mapped)."""
+    fields, tensors = gguf_file.read_gguf(path)
+    return fields, {name: (t.type, t.raw) for name, t in tensors.items()}
 
 
 @functools.cache

@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from backend.model import huge_pages, kernels
+from backend.model.embedding import TokenEmbedding
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
 from backend.model.lora import LoraStep
+from backend.model.model_weights import ModelWeights
 from backend.model.paged_attention import AttentionMetadata, paged_attention
 from backend.model.rotary_table import RotaryTable
-from backend.model.weight_blocks import Packed
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -59,13 +60,6 @@ class _Layer:
     k_norm: torch.Tensor | None = None
 
 
-def _head_norms(attention) -> dict[str, torch.Tensor]:
-    """Qwen3's per-head query and key RMSNorm weights, if the attention module has them."""
-    if getattr(attention, "q_norm", None) is None:
-        return {}
-    return {"q_norm": attention.q_norm.weight, "k_norm": attention.k_norm.weight}
-
-
 def _project(lora: LoraStep | None, layer: int, name: str, linear: DenseLinear, x: torch.Tensor) -> torch.Tensor:
     """A projection of layer `layer`, with the step's LoRA deltas on their rows."""
     out = linear(x)
@@ -82,58 +76,71 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class FusedLlama:
-    """`blocks` (Hugging Face parameter name -> packed GGUF blocks, see `gguf_weights.py`) are served by the low-bit
-    kernel on instruction set `isa` for steps of up to `max_m` rows; other weights follow `quantization`."""
+    """The forward of a Llama-family `config` over `weights` (`model_weights.py`): its blocks are served by the
+    low-bit kernel on instruction set `isa` (for steps of up to `max_m` rows where a dense copy exists, at every
+    size where none does); other weights follow `quantization`. `rotary` is the model's rotary embedding module."""
 
     def __init__(
         self,
-        hf_model,
+        config,
+        weights: ModelWeights,
+        rotary: torch.nn.Module,
         quantization: str = "none",
-        blocks: dict[str, Packed] | None = None,
         isa: int = 0,
         max_m: int = 8,
         use_layer_ops: bool = True,
     ):
-        config = hf_model.config
-        inner = hf_model.model
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.intermediate = config.intermediate_size
-        self.eps = inner.norm.variance_epsilon
+        self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
-        self.embed = inner.embed_tokens.weight
-        self.rotary = RotaryTable(inner.rotary_emb)
-        self.final_norm = inner.norm.weight
-        names = {id(p): n for n, p in hf_model.named_parameters(remove_duplicate=False)}
-        blocks = blocks or {}
+        self.rotary = RotaryTable(rotary)
+        self.final_norm = weights.dense["model.norm.weight"]
+        self.dtype = self.final_norm.dtype
+        embed_blocks = weights.blocks.get("model.embed_tokens.weight")
+        self.embed = (
+            TokenEmbedding(blocks=embed_blocks, width=config.hidden_size)
+            if embed_blocks is not None
+            else TokenEmbedding(dense=weights.dense["model.embed_tokens.weight"])
+        )
 
-        def linear(modules, kind: str = quantization):
-            weights = [m.weight for m in modules]
+        def linear(prefixes: tuple[str, ...], kind: str = quantization) -> DenseLinear:
+            names = [f"{p}.weight" for p in prefixes]
             return make_linear(
-                weights, [m.bias for m in modules], kind, max_m, [blocks.get(names[id(w)]) for w in weights], isa
+                [weights.get(n) for n in names],
+                [weights.get(f"{p}.bias") for p in prefixes],
+                kind,
+                max_m,
+                [weights.blocks.get(n) for n in names],
+                isa,
             )
 
-        self.layers = [
-            _Layer(
-                input_norm=layer.input_layernorm.weight,
-                qkv=linear((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)),
-                o_proj=linear((layer.self_attn.o_proj,)),
-                post_norm=layer.post_attention_layernorm.weight,
-                gate_up=linear((layer.mlp.gate_proj, layer.mlp.up_proj)),
-                down=linear((layer.mlp.down_proj,)),
-                **_head_norms(layer.self_attn),
+        def layer(i: int) -> _Layer:
+            at = f"model.layers.{i}"
+            attn, mlp = f"{at}.self_attn", f"{at}.mlp"
+            return _Layer(
+                input_norm=weights.dense[f"{at}.input_layernorm.weight"],
+                qkv=linear((f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj")),
+                o_proj=linear((f"{attn}.o_proj",)),
+                post_norm=weights.dense[f"{at}.post_attention_layernorm.weight"],
+                gate_up=linear((f"{mlp}.gate_proj", f"{mlp}.up_proj")),
+                down=linear((f"{mlp}.down_proj",)),
+                q_norm=weights.get(f"{attn}.q_norm.weight"),
+                k_norm=weights.get(f"{attn}.k_norm.weight"),
             )
-            for layer in inner.layers
-        ]
+
+        self.layers = [layer(i) for i in range(config.num_hidden_layers)]
         # Without blocks the LM head stays dense: tied to the embedding, it holds the GGUF's 8-bit (Q8_0) grid,
         # which neither int4 nor int8 represents; re-quantized per row it turned near-ties into wrong tokens
-        # (measured). With the GGUF's own Q8_0 blocks it is exact.
-        self.lm_head = linear((hf_model.lm_head,), "none")
+        # (measured). With the GGUF's own blocks it is exact.
+        self.lm_head = linear(("lm_head",), "none")
         # Our C++ layer ops (fp32 on the CPU) for steps of short queries; None: torch ops only.
-        fp32_cpu = self.embed.dtype == torch.float32 and self.embed.device.type == "cpu"
+        fp32_cpu = self.dtype == torch.float32 and self.final_norm.device.type == "cpu"
         self.ops = kernels.load() if fp32_cpu and use_layer_ops else None
-        self._blocks_on_huge_pages()
+        if not weights.arena_bytes:
+            self._blocks_on_huge_pages()
         self.stack, self.stack_rows = self._decoder_stack(max_m)
 
     def _blocks_on_huge_pages(self) -> None:
@@ -155,7 +162,7 @@ class FusedLlama:
         norms = [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)] + [self.final_norm]
         head_norms = [norm for layer in self.layers for norm in (layer.q_norm, layer.k_norm) if norm is not None]
         stack = self.ops.DecoderStack(
-            self.embed,
+            *self.embed.native(),
             norms,
             head_norms,
             [lin.blocks for lin in projections],
@@ -181,7 +188,7 @@ class FusedLlama:
         """`forward` where `runs_natively`: the whole pass (embedding, layers, final norm, LM head) in one call of
         `self.stack`, the calls `_forward_short` makes from Python, so the same bits. float32 logits on the CPU;
         no autograd inside, so the caller needs no inference mode."""
-        cos, sin = self.rotary.tables(self.embed, max(s.start_pos + s.num_tokens for s in meta.slices))
+        cos, sin = self.rotary.tables(self.final_norm, max(s.start_pos + s.num_tokens for s in meta.slices))
         return self.stack.forward(
             input_ids, cos, sin, meta.kv_cache, meta.slot_mapping, positions, meta.row_seq, meta.block_tables, keep
         )
@@ -208,7 +215,7 @@ class FusedLlama:
         with the residual adds, RoPE with the KV write and attention over the blocks in place, SiLU with the
         product) between the four projections (`forward_native` runs the same calls in one native call)."""
         ops, eps = self.ops, self.eps
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, positions)
         normed = ops.add_rms_norm(hidden, None, self.layers[0].input_norm, eps)
         for index, layer in enumerate(self.layers):
@@ -260,7 +267,7 @@ class FusedLlama:
         total = input_ids.shape[0]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_heads = heads + kv_heads
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, positions)
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D], shared by every layer
         half = head_dim // 2

@@ -4,7 +4,8 @@ Each decoder reads a tensor's bytes [N, bytes per row] in the layout llama.cpp w
 returns blocks whose `dequantize` is, bit for bit, what gguf-py's de-quantization gives (tests hold each to it):
 
 - Q4_1, Q8_0, Q5_1: as stored.
-- Q4_0 `d * (q - 8)`: Q4_1 records with m = -8d (exact in fp16), since d * q - 8d is the exact product again.
+- Q4_0 `d * (q - 8)`: Q4_1 records with m = -8d (exact in fp16), since d * q - 8d is the exact product again
+  (where -8d overflows fp16, Q8_0 records of q - 8).
 - Q5_0 `d * (q - 16)`: Q8_0 records of q - 16.
 - Q4_K, Q5_K (super-blocks of 256 inputs, 8 sub-blocks of 32 with 6-bit scales and mins): per sub-block
   d = d_super * scale and m = -(dmin * min), both exact in fp32 (11 + 6 significant bits), then `d * q + m`
@@ -50,13 +51,18 @@ def _blocks(format, d, m, q) -> Blocks:
     return Blocks(format, t(np.ascontiguousarray(d)), None if m is None else t(np.ascontiguousarray(m)), t(q))
 
 
-def _q4_0(raw):
-    d = _half(raw, 0)
+def _q4_0_offset(raw) -> np.ndarray | None:
+    """Q4_0's m = -8d in fp16, or None where it overflows fp16 (|d| above 8188)."""
     with np.errstate(over="ignore"):
-        m = d * np.float16(-8)
-    if not np.isfinite(m).all():
-        return None  # -8d overflows fp16: served dense
-    return _blocks("q4_1", d, m, _nibbles(raw[..., 2:18]))
+        m = _half(raw, 0) * np.float16(-8)
+    return m if np.isfinite(m).all() else None
+
+
+def _q4_0(raw):
+    m = _q4_0_offset(raw)
+    if m is None:  # Q8_0 records of q - 8 instead: the same exact product d * (q - 8)
+        return _blocks("q8_0", _half(raw, 0), None, (_nibbles(raw[..., 2:18]).astype(np.int8) - 8).astype(np.int8))
+    return _blocks("q4_1", _half(raw, 0), m, _nibbles(raw[..., 2:18]))
 
 
 def _q4_1(raw):
@@ -148,10 +154,37 @@ DECODERS = {
 }
 
 
+# GGUF type name -> the record format its decoder makes (Q4_0: q8_0 where -8d overflows fp16, `record_format`)
+RECORD_FORMATS = {
+    "F16": "f16",
+    "BF16": "bf16",
+    "Q4_0": "q4_1",
+    "Q4_1": "q4_1",
+    "Q5_0": "q8_0",
+    "Q5_1": "q5_1",
+    "Q8_0": "q8_0",
+    "Q4_K": "q4_k",
+    "Q5_K": "q5_k",
+    "Q6_K": "q6_k",
+}
+
+
+def record_format(type_name: str, raw: np.ndarray) -> str | None:
+    """The record format `decode` gives a tensor of `type_name` with bytes `raw`, without decoding it; None for
+    types served dense."""
+    if type_name == "Q4_0" and _q4_0_offset(_as_blocks(type_name, raw)) is None:
+        return "q8_0"
+    return RECORD_FORMATS.get(type_name)
+
+
+def _as_blocks(type_name: str, raw: np.ndarray) -> np.ndarray:
+    size = DECODERS[type_name][0]
+    raw = np.ascontiguousarray(raw).view(np.uint8)  # gguf-py reads F16 tensors as float16, the rest as bytes
+    return raw.reshape(raw.shape[0], -1, size)
+
+
 def decode(type_name: str, raw: np.ndarray) -> Blocks | HalfWeights | None:
     """Blocks of a GGUF tensor of type `type_name` from its bytes [N, bytes per row]; None for types served dense."""
     if type_name not in DECODERS:
         return None
-    size, _, decoder = DECODERS[type_name]
-    raw = np.ascontiguousarray(raw).view(np.uint8)  # gguf-py reads F16 tensors as float16, the rest as bytes
-    return decoder(raw.reshape(raw.shape[0], -1, size))
+    return DECODERS[type_name][2](_as_blocks(type_name, raw))

@@ -9,7 +9,7 @@ decoding runs, where reading the weights bounds the step, and fall back to the d
 
 `LowBitLinear` is the exact path: the model's own GGUF blocks (every type `gguf_formats.py` decodes) read by
 our C++ kernel (`kernels/lowbit.cpp`) with fp32 activations and accumulation, so it computes the fp32 model up
-to summation order while reading a seventh of its bytes. Its pure-torch fallback is the dense fp32 weight.
+to summation order while reading a seventh of its bytes.
 """
 
 from __future__ import annotations
@@ -93,24 +93,29 @@ class Int8Linear(DenseLinear):
 
 
 class LowBitLinear(DenseLinear):
-    """fp32 activations times weights in GGUF blocks, on the instruction set `isa` (`kernels.best_isa`), for
-    rows <= max_m; more rows (prefill chunks) take the dense fp32 GEMM, which is faster there. With
-    `int8_activations` (quantization gguf_int8) Q4_1 layers round each activation block to int8 first: not exact
-    (docs/engine.md), at every step size."""
+    """fp32 activations times weights in GGUF blocks, on the instruction set `isa` (`kernels.best_isa`). With a
+    dense fp32 `weight` beside the blocks, steps of more than max_m rows (prefill chunks) take the dense GEMM;
+    without one (a GGUF read straight from the file holds no dense copy) every step runs on the kernel, which
+    de-quantizes each tile once per call for large steps. With `int8_activations` (quantization gguf_int8) Q4_1
+    layers round each activation block to int8 first: not exact (docs/engine.md), at every step size."""
 
     def __init__(
         self,
-        weight: torch.Tensor,
+        weight: torch.Tensor | None,
         bias: torch.Tensor | None,
         segments: list[Packed],
         isa: int,
         max_m: int,
         int8_activations: bool = False,
     ):
-        super().__init__(weight, bias)
         rows = sum(p.rows for p in segments)
-        if rows != weight.shape[0]:
+        if weight is None:
+            self.weight, self.bias, self.packed, self.out_features = None, bias, None, rows
+        else:
+            super().__init__(weight, bias)
+        if weight is not None and rows != weight.shape[0]:
             raise ValueError(f"packed blocks of {rows} rows for a weight of shape {tuple(weight.shape)}")
+        self.in_features = segments[0].columns
         # Output rows in segments of one block format each (fused projections of mixed types: one call each).
         # int8 activations (kernels/lowbit_int8.cpp) for Q4_1 only; other formats (the Q8_0 LM head) stay exact.
         self.blocks = [p.data for p in segments]
@@ -119,7 +124,7 @@ class LowBitLinear(DenseLinear):
         self.isa = isa
         # int8 activations on every step size: the dense fallback computes another model (fp32 activations), so a
         # sequence's output would depend on the batch it ran in
-        self.max_m = sys.maxsize if Q4_1_INT8 in self.formats else max_m
+        self.max_m = sys.maxsize if weight is None or Q4_1_INT8 in self.formats else max_m
         self.kernel = kernels.load()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +133,7 @@ class LowBitLinear(DenseLinear):
     def one_row_timings(self, repeats: int = 15) -> tuple[float, float]:
         """Median milliseconds of one row through this layer on the kernel and dense: what `quantization: half`
         measures at load to choose between them."""
-        x = torch.randn(1, self.weight.shape[1])
+        x = torch.randn(1, self.in_features)
 
         def median_ms(call) -> float:
             call(x)  # warm
@@ -151,7 +156,7 @@ class LowBitLinear(DenseLinear):
 
 
 def make_linear(
-    weights: list[torch.Tensor],
+    weights: list[torch.Tensor | None],
     biases: list[torch.Tensor | None],
     quantization: str = "none",
     max_m: int = 8,
@@ -160,17 +165,23 @@ def make_linear(
 ) -> DenseLinear:
     """One linear layer computing the concatenation of `weights` (each [out_i, in]) applied to the same input.
     With `blocks` (one per weight, all present) and a kernel for this CPU (`isa` > 0), the low-bit kernel
-    serves it; otherwise `quantization` picks the kind."""
-    weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+    serves it (with the dense weights beside it where they are given, for large steps); otherwise `quantization`
+    picks the kind."""
+    on_kernel = bool(blocks) and isa and all(b is not None for b in blocks)
+    widths = [b.rows for b in blocks] if on_kernel else [w.shape[0] for w in weights]
     bias = None
     if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else weight.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    in_features = weight.shape[1]
-    if blocks and isa and all(b is not None for b in blocks) and weight.dtype == torch.float32:
+        like = next(b for b in biases if b is not None)
+        bias = torch.cat([b if b is not None else like.new_zeros(n) for n, b in zip(widths, biases)])
+    dense = None if any(w is None for w in weights) else torch.cat(weights) if len(weights) > 1 else weights[0]
+    if on_kernel and (dense is None or dense.dtype == torch.float32):
         segments = Packed.segments(blocks)
-        return LowBitLinear(weight, bias, segments, isa, max_m, int8_activations=quantization == "gguf_int8")
-    if quantization == "int4" and in_features % GROUP_SIZE == 0 and weight.dtype == torch.bfloat16:
-        return Int4Linear(weight, bias, max_m)
-    if quantization in ("int4", "int8") and in_features % 16 == 0 and weight.dtype == torch.bfloat16:
-        return Int8Linear(weight, bias, max_m)  # (the CPU kernel crashes on other input widths)
-    return DenseLinear(weight, bias)
+        return LowBitLinear(dense, bias, segments, isa, max_m, int8_activations=quantization == "gguf_int8")
+    if dense is None:
+        raise ValueError("a linear layer without dense weights needs blocks for every part and the low-bit kernel")
+    in_features = dense.shape[1]
+    if quantization == "int4" and in_features % GROUP_SIZE == 0 and dense.dtype == torch.bfloat16:
+        return Int4Linear(dense, bias, max_m)
+    if quantization in ("int4", "int8") and in_features % 16 == 0 and dense.dtype == torch.bfloat16:
+        return Int8Linear(dense, bias, max_m)  # (the CPU kernel crashes on other input widths)
+    return DenseLinear(dense, bias)

@@ -6,13 +6,14 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from backend.model import fused_llama, huge_pages, kernels, model_source
-from backend.model.gguf_weights import verified_packed
+from backend.model import fused_llama, gguf_weights, huge_pages, kernels, model_source
+from backend.model.gguf_weights import find_gguf
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
 from backend.model.lora import LoraAdapter, LoraStep
+from backend.model.model_weights import ModelWeights
 from backend.model.paged_attention import ATTENTION_NAME, AttentionMetadata, SeqSlice, build_metadata
 from backend.model.weight_blocks import Q4_1_INT8, HalfWeights, Packed, quantize_q8_0
 
@@ -92,22 +93,39 @@ class ModelRunner:
         self.device = torch.device(device)
         self.block_size = block_size
         model_path = str(model_source.resolve(model_path))
-        self.model = (
-            model_source.load_model(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
-            .to(self.device)
-            .eval()
-        )
+        config = AutoConfig.from_pretrained(model_path)
+        fused = model_impl == "fused" or (model_impl == "auto" and fused_llama.supports(config))
+        if model_impl == "fused" and not fused_llama.supports(config):
+            raise ValueError(f"the fused path supports {fused_llama.ARCHITECTURES}, not this model")
+        isa = kernels.best_isa() if fused and quantization in KERNEL_KINDS else 0
+        if fused and quantization in ("gguf", "gguf_int8") and isa and find_gguf(model_path) is not None:
+            # Straight from the file: the Hugging Face model is only names and shapes (meta tensors, no memory).
+            with torch.device("meta"):
+                self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+            heads = config.num_attention_heads
+            weights = gguf_weights.load(model_path, heads, getattr(config, "num_key_value_heads", None) or heads)
+            rotary = type(self.model.model.rotary_emb)(config=config)
+            log.info("quantization %s: the GGUF's own blocks, read from the file", quantization)
+        else:
+            self.model = (
+                model_source.load_model(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
+                .to(self.device)
+                .eval()
+            )
+            blocks, isa = self._low_bit_blocks(quantization) if fused else ({}, 0)
+            weights = ModelWeights.of_model(self.model, blocks)
+            rotary = self.model.model.rotary_emb if fused else None
         self.shape = ModelShape.of(self.model.config)
         self.queries_per_kv = self.model.config.num_attention_heads // self.shape.num_kv_heads
-        fused = model_impl == "fused" or (model_impl == "auto" and fused_llama.supports(self.model.config))
-        if model_impl == "fused" and not fused_llama.supports(self.model.config):
-            raise ValueError(f"the fused path supports {fused_llama.ARCHITECTURES}, not this model")
-        blocks, isa = self._low_bit_blocks(model_path, quantization) if fused else ({}, 0)
+        blocks = weights.blocks
         kernel = kernels.ISA_NAMES[isa] if blocks else "torch"
         self.max_lowbit_rows = max_lowbit_rows or default_lowbit_rows(kernel, self.threads)
         self.fused = None
         if fused:
-            self.fused = fused_llama.FusedLlama(self.model, quantization, blocks, isa, self.max_lowbit_rows)
+            self.fused = fused_llama.FusedLlama(
+                self.model.config, weights, rotary, quantization, isa, self.max_lowbit_rows
+            )
+        self.weight_bytes = weights.block_bytes + weights.dense_bytes
         self.impl = "fused" if fused else "hf"
         self.kernel = "torch"
         if self.fused is not None and blocks:
@@ -136,23 +154,20 @@ class ModelRunner:
         else:
             self.kv_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
 
-    def _low_bit_blocks(self, model_path: str, quantization: str) -> tuple[dict[str, Packed], int]:
-        """The weights the low-bit kernel serves ("gguf": the model's own blocks, checked bit for bit; "q8_0":
-        every linear weight re-quantized) and the instruction set it runs on; none where no kernel runs."""
+    def _low_bit_blocks(self, quantization: str) -> tuple[dict[str, Packed], int]:
+        """For a loaded model, the weights the low-bit kernel serves ("half": its 16-bit weights; "q8_0": every
+        linear weight re-quantized) and the instruction set it runs on; none where no kernel runs (a GGUF whose
+        blocks it serves is read by `gguf_weights.load` instead)."""
         if quantization not in KERNEL_KINDS:
             return {}, 0
         isa = kernels.best_isa()
-        if not isa:
+        if not isa or quantization in ("gguf", "gguf_int8"):
             log.warning(
                 "quantization %s: no low-bit kernel on this CPU (%s); dense fp32 weights serve",
                 quantization,
                 kernels.load_error() or "neither AVX2+FMA nor AVX-512",
             )
             return {}, 0
-        if quantization in ("gguf", "gguf_int8"):
-            blocks, why = verified_packed(model_path, self.model)
-            log.info("quantization gguf: %s", why)
-            return blocks, isa
         if quantization == "half":
             return self._half_weights(isa), isa
         blocks = {}

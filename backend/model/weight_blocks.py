@@ -30,6 +30,16 @@ Q4_1_INT8 = 2  # Q4_1 weights times activations rounded to int8 per block (quant
 _Q_DTYPES = {4: torch.uint8, 8: torch.int8, 16: torch.int16}
 
 
+def packed_bytes(format: str, rows: int, cols: int) -> int:
+    """Bytes of a [rows, cols] weight packed in `format` (a key of FORMATS): what `pack` makes, computed without it."""
+    if format in HALVES:
+        record = TILE * BLOCK * 2
+    else:
+        _, bits, with_m, scale = RECORDS[format]
+        record = (2 if with_m else 1) * TILE * torch.empty((), dtype=scale).element_size() + TILE * BLOCK * bits // 8
+    return -(-rows // TILE) * (cols // BLOCK) * record
+
+
 @dataclass
 class Packed:
     """A weight's blocks in the kernel's layout (`Blocks.pack`): what a LowBitLinear holds."""
@@ -38,19 +48,35 @@ class Packed:
     rows: int
     data: torch.Tensor  # uint8
 
+    @property
+    def columns(self) -> int:
+        """Inputs per row."""
+        return self.data.numel() // packed_bytes(self.format, self.rows, BLOCK) * BLOCK
+
     @staticmethod
     def segments(parts: list[Packed]) -> list[Packed]:
         """Several weights' output rows one after another (fused projections) in as few kernel calls as their
         formats allow: a run of one format becomes one record set, its records concatenated (which is the packing
-        of the concatenation where every part but the run's last fills whole tiles)."""
+        of the concatenation where every part but the run's last fills whole tiles). Parts that already lie side
+        by side in one buffer (a loaded model's arena) are joined as a view of it, without a copy."""
         runs = [parts[0]]
         for part in parts[1:]:
             last = runs[-1]
             if part.format == last.format and last.rows % TILE == 0:
-                runs[-1] = Packed(last.format, last.rows + part.rows, torch.cat([last.data, part.data]))
+                runs[-1] = Packed(last.format, last.rows + part.rows, _joined(last.data, part.data))
             else:
                 runs.append(part)
         return runs
+
+
+def _joined(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """first and second (1-D uint8) one after the other: a view where second follows first in the same storage."""
+    same = first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+    if same and first.is_contiguous() and second.storage_offset() == first.storage_offset() + first.numel():
+        return first.new_empty(0).set_(
+            first.untyped_storage(), first.storage_offset(), (first.numel() + second.numel(),)
+        )
+    return torch.cat([first, second])
 
 
 @dataclass

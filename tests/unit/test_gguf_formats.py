@@ -54,10 +54,20 @@ def test_types_without_a_decoder_are_served_dense():
     assert gguf_formats.decode("Q2_K", raw) is None
 
 
-def test_q4_0_whose_offset_overflows_fp16_is_served_dense():
+def test_q4_0_whose_offset_overflows_fp16_becomes_q8_0_records_of_the_same_weights():
     raw = encoded("Q4_0")
     raw[0, 0:2] = np.array([60000], dtype=np.float16).view(np.uint8)  # -8d is past fp16's range
-    assert gguf_formats.decode("Q4_0", raw) is None
+    blocks = gguf_formats.decode("Q4_0", raw)
+    assert blocks.format == "q8_0" == gguf_formats.record_format("Q4_0", raw)
+    reference = gguf.quants.dequantize(raw, GGMLQuantizationType.Q4_0)
+    assert torch.equal(blocks.dequantize(), torch.from_numpy(reference))
+    assert gguf_formats.record_format("Q4_0", encoded("Q4_0")) == "q4_1"
+
+
+@pytest.mark.parametrize("type_name", gguf_formats.DECODERS)
+def test_record_format_names_what_decode_makes(type_name):
+    raw = encoded(type_name)
+    assert gguf_formats.record_format(type_name, raw) == gguf_formats.decode(type_name, raw).format
 
 
 @pytest.mark.parametrize("type_name", gguf_formats.DECODERS)

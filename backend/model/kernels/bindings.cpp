@@ -39,6 +39,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_threads", &pool::set_threads, "threads of the kernels' pool (0: torch's intra-op thread count)");
   m.def("parallel_threads", &parallel_threads, "threads a parallel_for over `tasks` tasks runs on", no_gil);
   m.def("lowbit_linear", &lowbit_linear, "x @ W^T for W in packed low-bit records (weight_blocks.py)", no_gil);
+  m.def("lowbit_rows", &lowbit_rows, "rows `ids` of a packed weight as float32 (the reference de-quantization)",
+        no_gil);
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight",
         py::arg("hidden"), py::arg("delta"), py::arg("weight"), py::arg("eps"), no_gil);
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up of a fused gate/up projection", no_gil);

@@ -64,6 +64,23 @@ struct Projection {
   }
 };
 
+// The token embedding [vocab, width]: float32 rows (`format` kDenseRows), or packed blocks of a weight format,
+// de-quantized row by row as a step looks them up (lowbit_row_into: the same bits).
+constexpr int64_t kDenseRows = -1;
+struct Embedding {
+  at::Tensor data;
+  int64_t format, vocab, width;
+
+  void row_into(int64_t id, float* out) const {
+    if (format == kDenseRows) {
+      const float* e = data.data_ptr<float>() + id * width;
+      std::copy(e, e + width, out);
+    } else {
+      lowbit_row_into(data.data_ptr<uint8_t>(), width, format, id, out);
+    }
+  }
+};
+
 // A float32 [rows, width] tensor, checked.
 void check_rows(const at::Tensor& t, int64_t rows, int64_t width, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2 && t.size(0) == rows &&
@@ -75,15 +92,16 @@ void check_rows(const at::Tensor& t, int64_t rows, int64_t width, const char* na
 
 class DecoderStack {
  public:
-  // `embed` [vocab, hidden] the token embeddings. Per layer i: norms[2i] input norm, norms[2i + 1] post-attention
+  // `embed` the token embeddings [`vocab`, hidden]: float32 rows (`embed_format` -1) or packed blocks of that
+  // format. Per layer i: norms[2i] input norm, norms[2i + 1] post-attention
   // norm; head_norms[2i], [2i + 1] the query and key head norms (Qwen3; empty for models without);
   // projections[4i..4i+3] QKV, O, gate/up, down (per segment: packed blocks, output rows, block format; then bias or
   // None). Last: the final norm, and the LM head.
-  DecoderStack(at::Tensor embed, std::vector<at::Tensor> norms, std::vector<at::Tensor> head_norms, std::vector<std::vector<at::Tensor>> packed,
+  DecoderStack(at::Tensor embed, int64_t embed_format, int64_t vocab, std::vector<at::Tensor> norms, std::vector<at::Tensor> head_norms, std::vector<std::vector<at::Tensor>> packed,
                std::vector<std::vector<int64_t>> out_features, std::vector<std::vector<int64_t>> formats,
                std::vector<c10::optional<at::Tensor>> biases, int64_t isa,
                int64_t heads, int64_t kv_heads, double scale, double eps)
-      : embed_(std::move(embed)), norms_(std::move(norms)), head_norms_(std::move(head_norms)), isa_(isa), heads_(heads), kv_heads_(kv_heads), scale_(scale), eps_(eps) {
+      : embed_{std::move(embed), embed_format, vocab, 0}, norms_(std::move(norms)), head_norms_(std::move(head_norms)), isa_(isa), heads_(heads), kv_heads_(kv_heads), scale_(scale), eps_(eps) {
     TORCH_CHECK(norms_.size() % 2 == 1 && packed.size() + 1 == 2 * norms_.size() &&
                     out_features.size() == packed.size() && formats.size() == packed.size() &&
                     biases.size() == packed.size(),
@@ -91,9 +109,11 @@ class DecoderStack {
     TORCH_CHECK(head_norms_.empty() || head_norms_.size() + 1 == norms_.size(), "head norms: none, or 2 per layer");
     for (size_t i = 0; i < packed.size(); ++i) projections_.push_back({packed[i], out_features[i], formats[i], biases[i]});
     hidden_ = norms_[0].numel();
-    TORCH_CHECK(embed_.scalar_type() == at::kFloat && embed_.is_contiguous() && embed_.dim() == 2 &&
-                    embed_.size(1) == hidden_,
-                "the embedding must be a contiguous float32 [vocab, ", hidden_, "] tensor");
+    embed_.width = hidden_;
+    if (embed_format == kDenseRows)
+      check_rows(embed_.data, vocab, hidden_, "the embedding");
+    else
+      check_lowbit_packed(embed_.data, hidden_, vocab, embed_format, isa_);
     qkv_width_ = projections_[0].width();
     TORCH_CHECK(qkv_width_ % (heads_ + 2 * kv_heads_) == 0, "QKV's rows do not split into the heads");
     dim_ = qkv_width_ / (heads_ + 2 * kv_heads_);
@@ -135,7 +155,7 @@ class DecoderStack {
                      at::Tensor slots, at::Tensor positions, at::Tensor row_seq, at::Tensor block_tables,
                      at::Tensor keep) const {
     const at::Tensor ids = input_ids.to(at::kLong).contiguous();
-    const int64_t n = layers(), rows = ids.numel(), vocab = embed_.size(0), table_rows = cos_table.size(0);
+    const int64_t n = layers(), rows = ids.numel(), vocab = embed_.vocab, table_rows = cos_table.size(0);
     check_rows(cos_table, table_rows, dim_, "cos_table");
     check_rows(sin_table, table_rows, dim_, "sin_table");
     TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.is_contiguous() && kv_cache.dim() == 6 &&
@@ -156,19 +176,19 @@ class DecoderStack {
                tables.data_ptr<int64_t>(), (float)scale_};
     const int64_t attention_width = heads_ * dim_;
     // the layer's activations: consecutive [rows, width] slices of one workspace
-    at::Tensor hidden = at::empty({rows, hidden_}, embed_.options());  // the residual stream
-    at::Tensor workspace = at::empty(
-        {rows * (qkv_width_ + 2 * attention_width + 3 * hidden_ + 3 * intermediate_ + 2 * dim_)}, embed_.options());
+    const auto options = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor hidden = at::empty({rows, hidden_}, options);  // the residual stream
+    at::Tensor workspace =
+        at::empty({rows * (qkv_width_ + 2 * attention_width + 3 * hidden_ + 3 * intermediate_ + 2 * dim_)}, options);
     float* unused = workspace.data_ptr<float>();
     const auto slice = [&](int64_t width) { return std::exchange(unused, unused + rows * width); };
     float *qkv = slice(qkv_width_), *queries = slice(attention_width), *attended = slice(attention_width),
           *projected = slice(hidden_), *next_normed = slice(hidden_), *gate_up = slice(2 * intermediate_),
           *gated = slice(intermediate_), *delta = slice(hidden_), *cos = slice(dim_), *sin = slice(dim_);
     float* h = hidden.data_ptr<float>();
-    const float *embed = embed_.data_ptr<float>(), *cos_rows = cos_table.data_ptr<float>(),
-                *sin_rows = sin_table.data_ptr<float>();
-    for (int64_t t = 0; t < rows; ++t) {  // copies: F.embedding's rows and the rotary table's, bit for bit
-      std::copy(embed + id[t] * hidden_, embed + (id[t] + 1) * hidden_, h + t * hidden_);
+    const float *cos_rows = cos_table.data_ptr<float>(), *sin_rows = sin_table.data_ptr<float>();
+    for (int64_t t = 0; t < rows; ++t) {  // the embedding's rows and copies of the rotary table's, bit for bit
+      embed_.row_into(id[t], h + t * hidden_);
       std::copy(cos_rows + position[t] * dim_, cos_rows + (position[t] + 1) * dim_, cos + t * dim_);
       std::copy(sin_rows + position[t] * dim_, sin_rows + (position[t] + 1) * dim_, sin + t * dim_);
     }
@@ -179,7 +199,7 @@ class DecoderStack {
       p[0].into(layer_input, rows, qkv, isa_);
       at::Tensor normed_heads;  // Qwen3's head norms: a tensor of its own
       if (!head_norms_.empty())
-        normed_heads = head_normed(at::from_blob(qkv, {rows, qkv_width_}, embed_.options()), i);
+        normed_heads = head_normed(at::from_blob(qkv, {rows, qkv_width_}, options), i);
       kv.cache = kv_cache.data_ptr<float>() + i * layer_floats;
       rope_paged_attention_into(normed_heads.defined() ? normed_heads.data_ptr<float>() : qkv, cos, sin, rows, kv,
                                 queries, attended);
@@ -199,7 +219,7 @@ class DecoderStack {
   }
 
  private:
-  at::Tensor embed_;
+  Embedding embed_;
   std::vector<at::Tensor> norms_, head_norms_;
   std::vector<Projection> projections_;
   int64_t isa_, heads_, kv_heads_;
@@ -209,7 +229,7 @@ class DecoderStack {
 
 void bind_decoder_stack(py::module& m) {
   py::class_<DecoderStack>(m, "DecoderStack")
-      .def(py::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<std::vector<at::Tensor>>, std::vector<std::vector<int64_t>>,
+      .def(py::init<at::Tensor, int64_t, int64_t, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<std::vector<at::Tensor>>, std::vector<std::vector<int64_t>>,
                     std::vector<std::vector<int64_t>>, std::vector<c10::optional<at::Tensor>>, int64_t, int64_t,
                     int64_t, double, double>())
       .def("layers", &DecoderStack::layers)

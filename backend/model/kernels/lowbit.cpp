@@ -37,6 +37,7 @@
 // pragma, never with the build machine's flags: AVX2 + FMA + F16C (8 lanes), AVX-512 (16 lanes), and the 16-lane
 // code on AVX2 instructions, which lets the tests run the AVX-512 copy's source on any CPU.
 #include <ATen/ATen.h>
+#include <c10/util/Half.h>
 #include <immintrin.h>
 
 #include <array>
@@ -214,6 +215,75 @@ void check_lowbit_packed(const at::Tensor& packed, int64_t in_features, int64_t 
   TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32, got ", in_features);
   const int64_t expected = (out_features + kTile - 1) / kTile * (in_features / kBlock) * record_bytes((int)format);
   TORCH_CHECK(packed.numel() == expected, "packed holds ", packed.numel(), " bytes, expected ", expected);
+}
+
+// Row `row` of a packed weight of `in_features` inputs, as fp32: bit for bit the reference de-quantization (d * q is
+// exact, so `d * q + m` rounds once however it is computed). What the token embedding's lookup reads, so that a
+// model whose embedding is stored in blocks keeps no fp32 copy of it.
+void lowbit_row_into(const uint8_t* packed, int64_t in_features, int64_t format, int64_t row, float* out) {
+  const int64_t tile = row / kTile, r = row % kTile;
+  if (is_half((int)format)) {
+    const uint8_t* values = packed + tile * in_features * kTile * 2;
+    for (int64_t k = 0; k < in_features; ++k) {
+      uint16_t v;
+      std::memcpy(&v, values + (k * kTile + r) * 2, 2);
+      if (format == BF16) {
+        const uint32_t bits = uint32_t{v} << 16;
+        std::memcpy(out + k, &bits, 4);
+      } else {
+        out[k] = static_cast<float>(c10::Half(v, c10::Half::from_bits()));
+      }
+    }
+    return;
+  }
+  const int f = (int)format, bits = word_bits(f), per_word = inputs_per_word(f);
+  const int64_t blocks = in_features / kBlock;
+  const auto scale = [&](const uint8_t* rec, int which) {
+    const uint8_t* p = rec + (which * kTile + r) * scale_bytes(f);
+    if (scale_bytes(f) == 4) {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return static_cast<float>(c10::Half(v, c10::Half::from_bits()));
+  };
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = packed + (tile * blocks + b) * record_bytes(f);
+    const float d = scale(rec, 0), m = has_min(f) ? scale(rec, 1) : 0.0f;
+    for (int w = 0; w < kBlock / per_word; ++w) {
+      uint32_t word;
+      std::memcpy(&word, rec + header_bytes(f) + (w * kTile + r) * 4, 4);
+      for (int j = 0; j < per_word; ++j) {
+        const uint32_t field = word >> (bits * j);
+        const float q = bits == 4 ? float(field & 0xF) : bits == 8 ? float(int8_t(field)) : float(int16_t(field));
+        out[b * kBlock + w * per_word + j] = has_min(f) ? d * q + m : d * q;
+      }
+    }
+  }
+}
+
+// The rows `ids` of a packed weight [rows, in_features] as fp32 [len(ids), in_features] (lowbit_row_into).
+at::Tensor lowbit_rows(at::Tensor packed, int64_t rows, int64_t in_features, int64_t format, at::Tensor ids) {
+  TORCH_CHECK(format != Q4_1_INT8, "lowbit_rows reads a stored format, not Q4_1_INT8");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
+  TORCH_CHECK(known_format(format) && in_features % kBlock == 0, "unknown format ", format, " or a width of ",
+              in_features, " that is no multiple of 32");
+  const int64_t tile_bytes = in_features / kBlock * record_bytes((int)format);  // f16 / bf16 too: 16 rows x 2 bytes
+  TORCH_CHECK(packed.numel() == (rows + kTile - 1) / kTile * tile_bytes, "packed holds ", packed.numel(),
+              " bytes, not ", rows, " rows of ", in_features);
+  const at::Tensor index = ids.to(at::kLong).contiguous();
+  const int64_t* id = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < index.numel(); ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < rows, "row ", id[i], " is outside the weight's ", rows, " rows");
+  at::Tensor out = at::empty({index.numel(), in_features}, at::kFloat);
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  pool::parallel_for(index.numel(), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) lowbit_row_into(p, in_features, format, id[i], o + i * in_features);
+  });
+  return out;
 }
 
 // y [M, N] = x [M, K] @ W^T for W packed as above (N rows, K inputs, `format`), on `isa`.

@@ -8,6 +8,9 @@ at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, 
 // What lowbit_linear checks of its weights (x [M, in_features] besides).
 void check_lowbit_packed(const at::Tensor& packed, int64_t in_features, int64_t out_features, int64_t format,
                          int64_t isa);
+// Rows of a packed weight as fp32, bit for bit the reference de-quantization (the token embedding's lookup).
+at::Tensor lowbit_rows(at::Tensor packed, int64_t rows, int64_t in_features, int64_t format, at::Tensor ids);
+void lowbit_row_into(const uint8_t* packed, int64_t in_features, int64_t format, int64_t row, float* out);
 // Tiles per task of a low-bit matmul: a few microseconds of work (worth waking a thread for), and at least 4
 // tasks per thread where the layer has the tiles, so the work splits evenly (lowbit.cpp).
 int64_t tile_grain(int64_t tiles, int64_t block_rows_per_tile);

@@ -1,0 +1,39 @@
+"""What the fused forward is built from: a model's tensors by Hugging Face parameter name, each held once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backend.model.weight_blocks import Packed
+
+
+@dataclass
+class ModelWeights:
+    """`blocks`: the weights the low-bit kernel serves, packed; `dense`: every other tensor the forward reads (norms,
+    biases, weights served dense). A tied LM head is the same entry as the embedding. `arena_bytes`: where the
+    blocks already lie side by side in one huge-page arena (a GGUF read by `gguf_weights.load`), its size; 0 where
+    they were packed one by one."""
+
+    dense: dict[str, torch.Tensor]
+    blocks: dict[str, Packed]
+    arena_bytes: int = 0
+
+    @classmethod
+    def of_model(cls, hf_model, blocks: dict[str, Packed]) -> ModelWeights:
+        """A loaded Hugging Face model's parameters, with `blocks` for the weights the kernel serves."""
+        return cls(dict(hf_model.named_parameters(remove_duplicate=False)), blocks)
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return self.dense.get(name)
+
+    @property
+    def dense_bytes(self) -> int:
+        unique = {t.data_ptr(): t for t in self.dense.values()}
+        return sum(t.numel() * t.element_size() for t in unique.values())
+
+    @property
+    def block_bytes(self) -> int:
+        unique = {p.data.data_ptr(): p.data for p in self.blocks.values()}
+        return self.arena_bytes or sum(t.numel() for t in unique.values())
