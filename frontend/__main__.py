@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--api-key",
         default=os.environ.get("LLM_API_KEY", ""),
-        help="require 'Authorization: Bearer <key>' on /v1 routes, /tokenize and /detokenize "
+        help="require 'Authorization: Bearer <key>' (or 'x-api-key: <key>') on /v1 routes, /tokenize and /detokenize "
         "(default $LLM_API_KEY; prefer the variable: arguments show in the process list)",
     )
     return ap.parse_args(argv)

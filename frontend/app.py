@@ -1,4 +1,5 @@
-"""The front door's aiohttp application: OpenAI routes, health, metrics, the body limit, errors as OpenAI JSON.
+"""The front door's aiohttp application: OpenAI and Anthropic routes, health, metrics, the body limit, errors as
+OpenAI's JSON (Anthropic's on its routes).
 
 Routes:
     POST /v1/chat/completions, POST /v1/completions   OpenAI API (whole answers or server-sent events)
@@ -6,6 +7,8 @@ Routes:
                                                        LoRA adapters (`parent`: the model each adapts)
     POST /v1/load_lora_adapter, /v1/unload_lora_adapter  LoRA adapters added and removed while serving (lora.py)
     POST /v1/responses                                 OpenAI's Responses API, stateless (responses_api.py)
+    POST /v1/messages, POST /v1/messages/count_tokens  Anthropic's Messages API (anthropic_messages.py), its errors
+                                                       in Anthropic's shape (anthropic_errors.py)
     POST /tokenize, POST /detokenize                   the model's tokenizer (vLLM's routes)
     GET  /health                                       200 while the front door runs
     GET  /health/ready                                 200 when Triton reports every served model ready, else 503
@@ -24,6 +27,9 @@ from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
 from .admission import Admission
+from .anthropic_errors import error_response, is_anthropic_route
+from .anthropic_messages import parse_count_tokens, parse_messages
+from .anthropic_stream import answer_messages
 from .auth import api_key_middleware
 from .completions import answer_stream, answer_whole
 from .errors import APIError, internal_error, model_not_found
@@ -79,6 +85,8 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/responses", _responses)
+    app.router.add_post("/v1/messages", _messages)
+    app.router.add_post("/v1/messages/count_tokens", _count_tokens)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/v1/models/{model}", _model)
     app.router.add_post("/v1/load_lora_adapter", _load_adapter)
@@ -106,8 +114,9 @@ async def _clients(app: web.Application):
 
 @web.middleware
 async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Every error as OpenAI's error JSON; OpenAI routes counted by status."""
+    """Every error as OpenAI's error JSON (Anthropic's on its routes); API routes counted by status."""
     counters = request.app[COUNTERS]
+    respond = error_response if is_anthropic_route(request.path) else APIError.response
     counted = request.path.startswith("/v1/") and request.method == "POST"
     counters.in_flight += counted
     status = 500
@@ -116,41 +125,48 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
         status = response.status
         return response
     except APIError as exc:
-        status = exc.status
-        return exc.response()
+        response = respond(exc)
+        status = response.status
+        return response
     except web.HTTPException as exc:  # unknown route, wrong method, aiohttp's own body limit
         status = exc.status
         if exc.status < 400:
             raise
-        return APIError(
-            exc.status,
-            f"{exc.reason}: {request.method} {request.path}",
-            "invalid_request_error" if exc.status < 500 else "internal_server_error",
-        ).response()
+        return respond(
+            APIError(
+                exc.status,
+                f"{exc.reason}: {request.method} {request.path}",
+                "invalid_request_error" if exc.status < 500 else "internal_server_error",
+            )
+        )
     except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
         status = 499  # the client went away (its handler is cancelled, or a write found the connection gone)
         raise
     except Exception as exc:  # noqa: BLE001 - a bug must still answer in OpenAI's shape
         request.app.logger.exception("unhandled error on %s", request.path)
-        return internal_error(f"internal error: {exc!r}").response()
+        return respond(internal_error(f"internal error: {exc!r}"))
     finally:
         if counted:
             counters.in_flight -= 1
             counters.requests[(request.path, status)] += 1
 
 
+async def _body_and_served(request: web.Request) -> tuple[object, list[str]]:
+    """The request's JSON body and the model names it may ask for (the served models and their adapters)."""
+    body = await read_json(request, request.app[SETTINGS].max_body_bytes)
+    return body, await request.app[ADAPTERS].served(body.get("model") if isinstance(body, dict) else None)
+
+
 async def _chat(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
-    body = await read_json(request, settings.max_body_bytes)
-    served = await request.app[ADAPTERS].served(body.get("model") if isinstance(body, dict) else None)
+    body, served = await _body_and_served(request)
     generation = parse_chat(body, served, settings.default_max_tokens, tokenizer.render_chat)
     return await _answer(request, generation, ChatFormat(generation, tokenizer))
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
-    body = await read_json(request, settings.max_body_bytes)
-    served = await request.app[ADAPTERS].served(body.get("model") if isinstance(body, dict) else None)
+    body, served = await _body_and_served(request)
     generation = parse_completion(
         body, served, settings.default_max_tokens, tokenizer.vocab_size, settings.max_prompts_per_request
     )
@@ -159,11 +175,26 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 async def _responses(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
-    body = await read_json(request, settings.max_body_bytes)
-    served = await request.app[ADAPTERS].served(body.get("model") if isinstance(body, dict) else None)
+    body, served = await _body_and_served(request)
     parsed = parse_responses(body, served, settings.default_max_tokens, tokenizer.render_chat)
     request.app[ADAPTERS].route(parsed.generation)
     return await answer_responses(request, request.app[LLM], parsed, request.app[ADMISSION])
+
+
+async def _messages(request: web.Request) -> web.StreamResponse:
+    tokenizer = request.app[TOKENIZER]
+    body, served = await _body_and_served(request)
+    parsed = parse_messages(body, served, tokenizer.render_chat)
+    request.app[ADAPTERS].route(parsed.generation)
+    return await answer_messages(request, request.app[LLM], parsed, request.app[ADMISSION])
+
+
+async def _count_tokens(request: web.Request) -> web.Response:
+    """The prompt's tokens as the engine counts them (it tokenizes a text prompt with its special tokens)."""
+    tokenizer = request.app[TOKENIZER]
+    body, served = await _body_and_served(request)
+    prompt = parse_count_tokens(body, served, tokenizer.render_chat)
+    return web.json_response({"input_tokens": len(tokenizer.encode(prompt))})
 
 
 async def _answer(request: web.Request, generation, fmt) -> web.StreamResponse:

@@ -1,5 +1,5 @@
-"""Running one OpenAI generation against the model: every prompt's Triton request at once, answered whole or
-as server-sent events.
+"""Running one generation against the model: every prompt's Triton request at once, answered whole or as
+server-sent events (OpenAI's chunks here; an `EventAnswer`'s typed events for the Responses and Messages APIs).
 
 A streamed answer's 200 and headers are sent only when the first token arrives, so a request the model
 refuses on arrival (a prompt too long, an n above its limit, a full queue) still gets its error status. An
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from aiohttp import web
 
@@ -25,6 +26,23 @@ from .openai_responses import Choice, ResponseFormat, Usage
 from .triton_stream import EngineError, SampleDelta, TritonLLM
 
 _END = object()
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class EventAnswer(Protocol):
+    """A one-prompt answer built from its deltas: whole (`body`) or as typed server-sent events (`sse`)."""
+
+    def add(self, delta: SampleDelta) -> list[dict]: ...  # the events the delta makes
+
+    def body(self) -> dict: ...
+
+    def opening(self, first: SampleDelta) -> list[dict]: ...  # sent with the 200, at the first delta
+
+    def closing(self) -> list[dict]: ...
+
+    def failed(self, error: APIError) -> list[dict]: ...  # an engine failure after the 200
+
+    def sse(self, events: list[dict]) -> bytes: ...
 
 
 async def merged_deltas(
@@ -94,9 +112,7 @@ async def answer_whole(
 async def answer_stream(
     request: web.Request, llm: TritonLLM, generation: Generation, fmt: ResponseFormat, admission: Admission
 ) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    response = web.StreamResponse(headers=SSE_HEADERS)
     usage = Usage()
 
     async def send(body: dict) -> None:
@@ -119,5 +135,39 @@ async def answer_stream(
     if generation.include_usage:
         await send(fmt.usage_chunk(usage))
     await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def answer_events(
+    request: web.Request, llm: TritonLLM, generation: Generation, admission: Admission, answer: EventAnswer
+) -> web.StreamResponse:
+    """`answer` whole, or as its events (`generation.stream`)."""
+    if not generation.stream:
+        try:
+            async for _, delta in merged_deltas(llm, generation, admission):
+                answer.add(delta)
+        except EngineError as exc:
+            raise api_error(exc) from None
+        return web.json_response(answer.body())
+
+    response = web.StreamResponse(headers=SSE_HEADERS)
+
+    async def send(events: list[dict]) -> None:
+        if events:
+            await response.write(answer.sse(events))
+
+    try:
+        async for _, delta in merged_deltas(llm, generation, admission):
+            if not response.prepared:
+                await response.prepare(request)
+                await send(answer.opening(delta))
+            await send(answer.add(delta))
+    except EngineError as exc:
+        if not response.prepared:
+            raise api_error(exc) from None
+        await send(answer.failed(api_error(exc)))
+    else:
+        await send(answer.closing())
     await response.write_eof()
     return response

@@ -72,7 +72,7 @@ def server_busy(message: str) -> APIError:
 def unauthorized() -> APIError:
     return APIError(
         401,
-        "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+        "a valid API key is required: send the header 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
         "invalid_request_error",
         None,
         "invalid_api_key",

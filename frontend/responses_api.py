@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import APIError, bad_request, unsupported
+from .errors import bad_request, unsupported
 from .generation import Generation, make_generation
 from .request_fields import TYPES, check_fields, served_model
 from .tools import ToolCalling, conversation, parse_tool_calling, tool_constraint
@@ -227,12 +227,7 @@ def _tool_calling(body: dict) -> ToolCalling | None:
         chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(body["tools"])]
     if "tool_choice" in body:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
-    try:
-        return parse_tool_calling(chat)
-    except APIError as exc:  # name the fields as this route has them: tools[i].name, not tools[i].function.name
-        exc.message = exc.message.replace(".function.", ".")
-        exc.param = exc.param and exc.param.replace(".function.", ".")
-        raise
+    return parse_tool_calling(chat, flat=True)  # errors name tools[i].name, not tools[i].function.name
 
 
 def _tool(tool: Any, param: str) -> dict:

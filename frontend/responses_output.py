@@ -4,7 +4,8 @@ SDK's `openai.types.responses`. With tools, tool calls are parsed out of the tex
 (tools.py) and become `function_call` output items; the text around them becomes `message` items.
 
 A streamed answer's 200 is sent only when the first token arrives (a request the model refuses keeps its
-status, as in completions.py); an engine failure after that is an `error` event, then `response.failed`.
+status: completions.py's `answer_events` runs it); an engine failure after that is an `error` event, then
+`response.failed`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import uuid
 from aiohttp import web
 
 from .admission import Admission
-from .completions import api_error, merged_deltas
+from .completions import answer_events
 from .errors import APIError
 from .openai_responses import Usage
 from .responses_api import ResponsesRequest
 from .tools import ToolCalling, ToolCallParser
-from .triton_stream import EngineError, SampleDelta, TritonLLM
+from .triton_stream import SampleDelta, TritonLLM
 
 
 def _id(prefix: str) -> str:
@@ -156,6 +157,7 @@ class ResponseAnswer:
         self.output = OutputItems(parsed.generation.tool_calling)
         self.usage = Usage()
         self.finish_reason: str | None = None
+        self.sequence_number = 0  # of the next event
 
     def add(self, delta: SampleDelta) -> list[dict]:
         self.usage.add(0, 0, delta)
@@ -197,15 +199,15 @@ class ResponseAnswer:
             else None,
         }
 
-    def opening(self) -> list[dict]:
+    def opening(self, first: SampleDelta | None = None) -> list[dict]:
         return [
             {"type": kind, "response": self.body("in_progress")}
             for kind in ("response.created", "response.in_progress")
         ]
 
-    def closing(self) -> dict:
+    def closing(self) -> list[dict]:
         """`response.completed`, or `response.incomplete` when max_output_tokens cut the answer."""
-        return {"type": f"response.{self.status}", "response": self.body()}
+        return [{"type": f"response.{self.status}", "response": self.body()}]
 
     def failed(self, error: APIError) -> list[dict]:
         return [
@@ -216,46 +218,18 @@ class ResponseAnswer:
             },
         ]
 
+    def sse(self, events: list[dict]) -> bytes:
+        """The events as server-sent events, numbered on from the last."""
+        chunks = []
+        for event in events:
+            event = {**event, "sequence_number": self.sequence_number}
+            self.sequence_number += 1
+            chunks.append(f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n")
+        return "".join(chunks).encode()
+
 
 async def answer_responses(
     request: web.Request, llm: TritonLLM, parsed: ResponsesRequest, admission: Admission
 ) -> web.StreamResponse:
     """The Response, whole or as server-sent events (`stream: true`)."""
-    answer = ResponseAnswer(parsed)
-    if not parsed.generation.stream:
-        try:
-            async for _, delta in merged_deltas(llm, parsed.generation, admission):
-                answer.add(delta)
-        except EngineError as exc:
-            raise api_error(exc) from None
-        return web.json_response(answer.body())
-
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    sequence_number = 0
-
-    async def send(events: list[dict]) -> None:
-        nonlocal sequence_number
-        chunks = []
-        for event in events:
-            event = {**event, "sequence_number": sequence_number}
-            sequence_number += 1
-            chunks.append(f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n")
-        if chunks:
-            await response.write("".join(chunks).encode())
-
-    try:
-        async for _, delta in merged_deltas(llm, parsed.generation, admission):
-            if not response.prepared:
-                await response.prepare(request)
-                await send(answer.opening())
-            await send(answer.add(delta))
-    except EngineError as exc:
-        if not response.prepared:
-            raise api_error(exc) from None
-        await send(answer.failed(api_error(exc)))
-    else:
-        await send([answer.closing()])
-    await response.write_eof()
-    return response
+    return await answer_events(request, llm, parsed.generation, admission, ResponseAnswer(parsed))

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import bad_request
+from .errors import APIError, bad_request
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -86,8 +86,16 @@ class ToolCalling:
         return f"start: call{repeat}\ncall: {call}\n"
 
 
-def parse_tool_calling(body: dict) -> ToolCalling | None:
-    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body; None when no tool may be called."""
+def parse_tool_calling(body: dict, flat: bool = False) -> ToolCalling | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body; None when no tool may be called. `flat`:
+    the route's own tools hold their fields at the top (`tools[i].name`), and its errors name them so."""
+    if flat:
+        try:
+            return parse_tool_calling(body)
+        except APIError as exc:
+            exc.message = exc.message.replace(".function.", ".")
+            exc.param = exc.param and exc.param.replace(".function.", ".")
+            raise
     tools = body.get("tools")
     choice = body.get("tool_choice", "auto" if tools else "none")
     if not tools:

@@ -27,7 +27,7 @@ def run_answer(texts: list[str], reason: str = "stop", **body) -> tuple[Response
     for i, text in enumerate(texts):
         last = i == len(texts) - 1
         events += answer.add(delta(text, reason if last else None, i + 1))
-    events.append(answer.closing())
+    events += answer.closing()
     for number, event in enumerate(events):
         event["sequence_number"] = number
         EVENTS.validate_python(event)  # the SDK's own models, strictly

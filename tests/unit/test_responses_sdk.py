@@ -3,91 +3,23 @@ client: whole and streamed answers, function calls, and errors before and after 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
 
 from backend.protocol.wire import INTERNAL, SERVER_BUSY, error_text
-from frontend import app as app_module
-from frontend.app import Settings, create_app
-from frontend.triton_stream import EngineError, SampleDelta
-from tests.unit.responses_requests import SERVED, TOOL, call_text
-
-
-class Tokenizer:
-    def render_chat(self, messages):
-        return "|".join(f"{m['role']}:{m['content']}" for m in messages)
-
-    def token_text(self, token_id):
-        return str(token_id)
-
-
-class FakeLLM:
-    """Answers with the pieces of `texts`, one delta each (the last with `reason`); records each request."""
-
-    texts = ["Hel", "lo"]
-    reason = "stop"
-    fail: str | None = None  # an engine error, before the first delta
-    fail_after: str | None = None  # an engine error, after the first delta
-    requests: list = []
-
-    def __init__(self, url):
-        pass
-
-    async def close(self):
-        pass
-
-    async def is_model_ready(self, model):
-        return True
-
-    async def model_parameters(self, model):
-        return {}
-
-    async def lora_admin(self, model, action):
-        return {"status": 200, "message": "", "adapters": []}
-
-    async def generate(self, model, prompt, sampling, n):
-        FakeLLM.requests.append((prompt, sampling))
-        if self.fail:
-            raise EngineError(self.fail)
-        for i, text in enumerate(self.texts):
-            last = i == len(self.texts) - 1
-            yield SampleDelta(0, text, [i], 4, i + 1, self.reason if last else None, None)
-            if self.fail_after:
-                raise EngineError(self.fail_after)
+from tests.unit.responses_requests import TOOL, call_text
+from tests.unit.scripted_llm import ScriptedLLM as FakeLLM
+from tests.unit.scripted_llm import sdk_runner
 
 
 @pytest.fixture
 def sdk(monkeypatch):
     """run(test): test(client) with an AsyncOpenAI client of the app served with FakeLLM."""
-    FakeLLM.texts, FakeLLM.reason, FakeLLM.fail, FakeLLM.fail_after, FakeLLM.requests = (
-        ["Hel", "lo"],
-        "stop",
-        None,
-        None,
-        [],
+    return sdk_runner(
+        monkeypatch, lambda url: openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     )
-    monkeypatch.setattr(app_module, "TritonLLM", FakeLLM)
-
-    def run(test):
-        async def main():
-            server = TestServer(
-                create_app(Settings("unused:1", SERVED, "unused"), Tokenizer()), handler_cancellation=True
-            )
-            await server.start_server()
-            client = openai.AsyncOpenAI(base_url=str(server.make_url("/v1")), api_key="unused", max_retries=0)
-            try:
-                await test(client)
-            finally:
-                await client.close()
-                await server.close()
-
-        asyncio.run(main())
-
-    return run
 
 
 def test_the_sdk_reads_whole_and_streamed_answers(sdk):
