@@ -7,12 +7,11 @@ returns blocks whose `dequantize` is, bit for bit, what gguf-py's de-quantizatio
 - Q4_0 `d * (q - 8)`: Q4_1 records with m = -8d (exact in fp16), since d * q - 8d is the exact product again
   (where -8d overflows fp16, Q8_0 records of q - 8).
 - Q5_0 `d * (q - 16)`: Q8_0 records of q - 16.
-- Q4_K, Q5_K (super-blocks of 256 inputs, 8 sub-blocks of 32 with 6-bit scales and mins): per sub-block
-  d = d_super * scale and m = -(dmin * min), both exact in fp32 (11 + 6 significant bits), then `d * q + m`
-  is gguf-py's `d * q - dm`, the same single rounding.
-- Q6_K (16 sub-blocks of 16 with int8 scales): the scale folded into q (scale * (q - 32) fits int16), d the
-  super-block's; d * (scale * q) and gguf-py's (d * scale) * q are the same exact product (at most 23
-  significant bits).
+- Q4_K, Q5_K (super-blocks of 256 inputs, 8 sub-blocks of 32 with 6-bit scales and mins): kept as stored, d
+  and dmin per super-block, the scales and mins as bytes; a sub-block's d = d_super * scale and m = -(dmin * min)
+  are exact in fp32 (11 + 6 significant bits), so `d * q + m` is gguf-py's `d * q - dm`, the same single rounding.
+- Q6_K (16 sub-blocks of 16 with int8 scales): q - 32 as int8, the scales as stored; d_super * scale is exact in
+  fp32 (11 + 8 bits) and times q rounds once, as gguf-py's (d * scale) * q does.
 
 - F16, BF16: the values as stored (`HalfWeights`), exact in fp32.
 
@@ -84,14 +83,13 @@ def _q8_0(raw):
 
 
 def _k_scales(raw: np.ndarray):
-    """A Q4_K / Q5_K super-block's per-sub-block d and m (fp32, [..., 8]) from d, dmin and the 12 bytes of 6-bit
-    scales and mins."""
-    d, dmin = _half(raw, 0).astype(np.float32), _half(raw, 2).astype(np.float32)
+    """A Q4_K / Q5_K super-block's d and dmin (fp16, [...]) and its sub-blocks' 6-bit scales and mins (uint8,
+    [..., 8]) from the 12 packed bytes."""
     packed = raw[..., 4:16]
     low, high, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     scale = np.concatenate([low & 0x3F, (rest & 0x0F) | ((low >> 2) & 0x30)], axis=-1)
     minimum = np.concatenate([high & 0x3F, (rest >> 4) | ((high >> 2) & 0x30)], axis=-1)
-    return d[..., None] * scale.astype(np.float32), -(dmin[..., None] * minimum.astype(np.float32))
+    return _half(raw, 0), _half(raw, 2), scale, minimum
 
 
 def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
@@ -101,33 +99,36 @@ def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 def _q4_k(raw):
-    d, m = _k_scales(raw)
-    return _super_blocks("q4_k", d, m, _k_low_nibbles(raw[..., 16:144]))
+    return _super_blocks("q4_k", *_k_scales(raw), _k_low_nibbles(raw[..., 16:144]))
 
 
 def _q5_k(raw):
-    d, m = _k_scales(raw)
     qh = raw[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]  # bit j: sub-block j
     q = _k_low_nibbles(raw[..., 48:176]) | ((qh & 1) << 4)
-    return _super_blocks("q5_k", d, m, q.astype(np.int8))
+    return _super_blocks("q5_k", *_k_scales(raw), q.astype(np.int8))
 
 
 def _q6_k(raw):
     lead = raw.shape[:-1]
     low = raw[..., :128].reshape(*lead, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
     high = raw[..., 128:192].reshape(*lead, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
-    q6 = ((low & 0xF).reshape(*lead, SUPER) | ((high & 3).reshape(*lead, SUPER) << 4)).astype(np.int16) - 32
-    scales = np.ascontiguousarray(raw[..., 192:208]).view(np.int8).astype(np.int16)
-    q = (q6.reshape(*lead, 16, 16) * scales[..., None]).reshape(*lead, 8, 32)
-    d = np.repeat(_half(raw, 208)[..., None], 8, axis=-1)
-    return _super_blocks("q6_k", d, None, q)
+    q6 = ((low & 0xF).reshape(*lead, SUPER) | ((high & 3).reshape(*lead, SUPER) << 4)).astype(np.int8) - 32
+    scales = np.ascontiguousarray(raw[..., 192:208]).view(np.int8)
+    return _super_blocks("q6_k", _half(raw, 208), None, scales, None, q6.astype(np.int8).reshape(*lead, 8, 32))
 
 
-def _super_blocks(format, d, m, q) -> Blocks:
-    """[N, S, 8(, 32)] per super-block -> blocks of 32 [N, S * 8(, 32)]."""
+def _super_blocks(format, d, dmin, scales, mins, q) -> Blocks:
+    """Per super-block d, dmin [N, S], scales, mins [N, S, n] and q [N, S, 8, 32] -> Blocks."""
+    t = torch.from_numpy
     rows = q.shape[0]
-    flat = [None if a is None else a.reshape(rows, -1) for a in (d, m)]
-    return _blocks(format, *flat, np.ascontiguousarray(q.reshape(rows, -1, 32)))
+    return Blocks(
+        format,
+        t(np.ascontiguousarray(d)),
+        None if dmin is None else t(np.ascontiguousarray(dmin)),
+        t(np.ascontiguousarray(q.reshape(rows, -1, 32))),
+        t(np.ascontiguousarray(scales)),
+        None if mins is None else t(np.ascontiguousarray(mins)),
+    )
 
 
 def _half_weights(format: str, dtype: torch.dtype):

@@ -13,36 +13,47 @@ import torch
 from backend.model import kernels
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
 from backend.model.runner import LOWBIT_ROWS
-from backend.model.weight_blocks import FORMATS, HALVES, RECORDS, Blocks, HalfWeights, quantize_q8_0
+from backend.model.weight_blocks import FORMATS, HALVES, K_SCALES, RECORDS, Blocks, HalfWeights, quantize_q8_0
 
 # Relative to the output's scale: fp32 sums of up to a few thousand products in another order.
 TOLERANCE = 2e-6
 
 
 def random_blocks(format: str, rows: int, cols: int, seed: int = 0) -> Blocks | HalfWeights:
-    """Blocks of `format` with every q its bits allow (q6_k: an int8 scale times a 6-bit signed q); 16-bit
-    weights with fp16's subnormals and signed zeros among them."""
+    """Blocks of `format` with every q its bits allow (K-quants: every integer scale and min too); 16-bit weights
+    with fp16's subnormals and signed zeros among them."""
     g = torch.Generator().manual_seed(seed)
     if format in HALVES:
         values = torch.randn(rows, cols, generator=g) * 0.05
         values[::3, ::5] *= 1e-5  # fp16 subnormals (bf16 keeps them normal)
         values[1::4, ::7] = -0.0
         return HalfWeights(format, values.to(HALVES[format][1]))
-    _, bits, with_m, scale = RECORDS[format]
+    _, bits, with_m = RECORDS[format]
     nb = cols // 32
-    d = (torch.rand(rows, nb, generator=g) * 0.02 + 1e-3).to(scale)
-    m = (-(torch.rand(rows, nb, generator=g)) * 0.1).to(scale) if with_m else None
     if bits == 4:
         q = torch.randint(0, 16, (rows, nb, 32), generator=g, dtype=torch.uint8)
-    elif format == "q5_1" or format == "q5_k":
+    elif format in ("q5_1", "q5_k"):
         q = torch.randint(0, 32, (rows, nb, 32), generator=g, dtype=torch.int8)
-    elif bits == 8:
-        q = torch.randint(-128, 128, (rows, nb, 32), generator=g, dtype=torch.int8)
+    elif format == "q6_k":
+        q = torch.randint(-32, 32, (rows, nb, 32), generator=g, dtype=torch.int8)
     else:
-        scales = torch.randint(-128, 128, (rows, nb, 2, 1), generator=g, dtype=torch.int16)
-        q = (torch.randint(-32, 32, (rows, nb, 2, 16), generator=g, dtype=torch.int16) * scales).view(rows, nb, 32)
-        d = d * torch.tensor(2e-3, dtype=scale)  # the scales' range moved into q
-    return Blocks(format, d, m, q)
+        q = torch.randint(-128, 128, (rows, nb, 32), generator=g, dtype=torch.int8)
+    if format not in K_SCALES:
+        d = (torch.rand(rows, nb, generator=g) * 0.02 + 1e-3).to(torch.float16)
+        m = (-(torch.rand(rows, nb, generator=g)) * 0.1).to(torch.float16) if with_m else None
+        return Blocks(format, d, m, q)
+    supers, (per_block, dtype) = nb // 8, K_SCALES[format]
+    low, high = (0, 64) if dtype == torch.uint8 else (-128, 128)
+    d = (torch.rand(rows, supers, generator=g) * 2e-4 + 1e-5).to(torch.float16)
+    m = (torch.rand(rows, supers, generator=g) * 2e-3).to(torch.float16) if with_m else None
+    scales = torch.randint(low, high, (rows, supers, 8 * per_block), generator=g, dtype=dtype)
+    mins = torch.randint(low, high, (rows, supers, 8), generator=g, dtype=dtype) if with_m else None
+    return Blocks(format, d, m, q, scales, mins)
+
+
+def width(format: str, cols: int) -> int:
+    """`cols` rounded up to what `format` takes: K-quants come in super-blocks of 256 inputs."""
+    return -(-cols // 256) * 256 if format in K_SCALES else cols
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +83,7 @@ def test_this_cpu_runs_a_kernel(module):
 @pytest.mark.parametrize("format", FORMATS)
 @pytest.mark.parametrize("rows,cols", [(16, 32), (40, 96), (7, 64), (960, 576), (33, 1536)])
 def test_kernel_equals_dense_fp32_for_every_batch_size(module, format, rows, cols):
+    cols = width(format, cols)
     blocks = random_blocks(format, rows, cols, seed=rows + cols)
     packed, dense = blocks.pack(), blocks.dequantize()
     x = torch.randn(64, cols, generator=torch.Generator().manual_seed(1))
@@ -87,10 +99,10 @@ def test_kernel_equals_dense_fp32_for_every_batch_size(module, format, rows, col
 @pytest.mark.parametrize("format", FORMATS)
 def test_kernel_equals_dense_fp32_up_to_the_largest_step_it_serves(module, format):
     """Past M = 64, up to the largest default `max_lowbit_rows` (a prefill chunk of a short prompt)."""
-    largest = max(LOWBIT_ROWS.values())
-    blocks = random_blocks(format, 960, 576, seed=11)
+    largest, cols = max(LOWBIT_ROWS.values()), width(format, 576)
+    blocks = random_blocks(format, 960, cols, seed=11)
     packed, dense = blocks.pack(), blocks.dequantize()
-    x = torch.randn(largest, 576, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(largest, cols, generator=torch.Generator().manual_seed(3))
     want_all = x @ dense.T
     for isa in isas():
         for m in (65, largest - 1, largest):
@@ -240,3 +252,15 @@ def test_forced_instruction_set(monkeypatch):
 
 def blocks_slice(blocks: Blocks, start: int, stop: int):
     return blocks.rows(torch.arange(start, stop)).packed()
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_rows_looked_up_are_the_reference_de_quantization_bit_for_bit(module, format):
+    """What the token embedding reads from blocks (kernels.lowbit_rows): every row, any order, exactly."""
+    rows, cols = 37, width(format, 96)
+    blocks = random_blocks(format, rows, cols, seed=5)
+    ids = torch.tensor([36, 0, 17, 16, 15, 36, 1])
+    got = module.lowbit_rows(blocks.pack(), rows, cols, FORMATS[format], ids)
+    assert torch.equal(got, blocks.dequantize()[ids])
+    with pytest.raises(RuntimeError, match="outside"):
+        module.lowbit_rows(blocks.pack(), rows, cols, FORMATS[format], torch.tensor([rows]))

@@ -64,17 +64,33 @@ constexpr bool is_half(int64_t f) { return f == F16 || f == BF16; }
 // ISA_WIDE_ON_AVX2 is for tests: AVX-512's 16-lane code and row blocking, built from AVX2 instructions.
 enum Isa { ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_WIDE_ON_AVX2 = 3 };
 
-// A record format's traits: bits per q, whether blocks have an offset m, bytes per scale (fp16 or fp32).
+// A record format's traits: bits per q, whether blocks have an offset m (scales are fp16).
 constexpr int word_bits(int format) {
-  return format == Q4_1 || format == Q4_K ? 4 : format == Q6_K || is_half(format) ? 16 : 8;
+  return format == Q4_1 || format == Q4_K ? 4 : is_half(format) ? 16 : 8;
 }
 constexpr bool has_min(int format) { return format == Q4_1 || format == Q5_1 || format == Q4_K || format == Q5_K; }
-constexpr int scale_bytes(int format) { return format == Q4_K || format == Q5_K ? 4 : 2; }
 constexpr int header_bytes(int format) {
-  return is_half(format) ? 0 : (has_min(format) ? 2 : 1) * kTile * scale_bytes(format);
+  return is_half(format) ? 0 : (has_min(format) ? 2 : 1) * kTile * 2;
 }
 constexpr int inputs_per_word(int format) { return 32 / word_bits(format); }
-constexpr int record_bytes(int format) { return header_bytes(format) + kTile * kBlock * 4 / inputs_per_word(format); }
+constexpr int word_block_bytes(int format) { return kTile * kBlock * word_bits(format) / 8; }  // one block's words
+// K-quants keep the file's two-level scales: per tile and super-block of 8 blocks (256 inputs) one super-record,
+// its header the rows' fp16 d (and dmin), then per block the rows' integer scales (and mins) as bytes, then the 8
+// blocks' words. Q4_K / Q5_K: a block's d = d * scale and m = -(dmin * min), exact in fp32 (11 + 6 bits); Q6_K:
+// two 16-input sub-blocks per block, each with its int8 scale (d * scale: 11 + 8 bits), q - 32 in 8-bit words.
+// 4.625 (Q4_K), 8.625 (Q5_K) and 8.5625 (Q6_K) bits per weight, against the file's 4.5, 5.5 and 6.5625.
+constexpr int kSuper = 8;  // blocks per super-block
+constexpr bool is_super(int format) { return format == Q4_K || format == Q5_K || format == Q6_K; }
+constexpr int sub_blocks(int format) { return format == Q6_K ? 2 : 1; }  // scales per block
+constexpr int super_header_bytes(int format) {
+  return (has_min(format) ? 2 : 1) * kTile * 2 + (has_min(format) ? 2 : 1) * kSuper * sub_blocks(format) * kTile;
+}
+// Bytes per block of 32 inputs of a tile (a super-record's share for K-quants: a whole number for each).
+constexpr int record_bytes(int format) {
+  return is_super(format) ? super_header_bytes(format) / kSuper + word_block_bytes(format)
+                          : header_bytes(format) + word_block_bytes(format);
+}
+static_assert(super_header_bytes(Q4_K) % kSuper == 0 && super_header_bytes(Q6_K) % kSuper == 0, "whole records");
 constexpr int weight_bytes(int format) { return format == F32_TILE ? 4 : 2; }  // what the dense kernel reads
 // x[j] is multiplied by this before the kernel (a power of two: exact), so that it meets q * 2^shift.
 constexpr float input_scale(int format, int j) {
@@ -213,6 +229,8 @@ void check_lowbit_packed(const at::Tensor& packed, int64_t in_features, int64_t 
   TORCH_CHECK(isa == ISA_AVX2 || isa == ISA_AVX512 || isa == ISA_WIDE_ON_AVX2, "unknown instruction set ", isa);
   TORCH_CHECK((isa == ISA_WIDE_ON_AVX2 ? ISA_AVX2 : isa) <= best_isa(), "this CPU does not run instruction set ", isa);
   TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32, got ", in_features);
+  TORCH_CHECK(!is_super((int)format) || in_features % (kSuper * kBlock) == 0,
+              "K-quant weights need a multiple of 256 inputs, got ", in_features);
   const int64_t expected = (out_features + kTile - 1) / kTile * (in_features / kBlock) * record_bytes((int)format);
   TORCH_CHECK(packed.numel() == expected, "packed holds ", packed.numel(), " bytes, expected ", expected);
 }
@@ -238,27 +256,41 @@ void lowbit_row_into(const uint8_t* packed, int64_t in_features, int64_t format,
   }
   const int f = (int)format, bits = word_bits(f), per_word = inputs_per_word(f);
   const int64_t blocks = in_features / kBlock;
-  const auto scale = [&](const uint8_t* rec, int which) {
-    const uint8_t* p = rec + (which * kTile + r) * scale_bytes(f);
-    if (scale_bytes(f) == 4) {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
+  const uint8_t* tile_start = packed + tile * blocks * record_bytes(f);
+  const auto half_at = [](const uint8_t* p) {
     uint16_t v;
     std::memcpy(&v, p, 2);
     return static_cast<float>(c10::Half(v, c10::Half::from_bits()));
   };
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = packed + (tile * blocks + b) * record_bytes(f);
-    const float d = scale(rec, 0), m = has_min(f) ? scale(rec, 1) : 0.0f;
+    // d of each sub-block (16 inputs for Q6_K, else the block) and m, as the tile kernels' block_scales compute them
+    float d[2], m = 0.0f;
+    const uint8_t* words;
+    if (is_super(f)) {
+      const uint8_t* super = tile_start + (b / kSuper) * kSuper * record_bytes(f);
+      const uint8_t* ints = super + (has_min(f) ? 2 : 1) * kTile * 2;
+      const int64_t j = b % kSuper;
+      for (int sub = 0; sub < sub_blocks(f); ++sub) {
+        const float k = f == Q6_K ? float(int8_t(ints[(2 * j + sub) * kTile + r])) : float(ints[j * kTile + r]);
+        d[sub] = half_at(super + r * 2) * k;
+      }
+      if (has_min(f)) m = -(half_at(super + (kTile + r) * 2) * float(ints[(kSuper + j) * kTile + r]));
+      words = super + super_header_bytes(f) + j * word_block_bytes(f);
+    } else {
+      const uint8_t* rec = tile_start + b * record_bytes(f);
+      d[0] = half_at(rec + r * 2);
+      if (has_min(f)) m = half_at(rec + (kTile + r) * 2);
+      words = rec + header_bytes(f);
+    }
+    if (sub_blocks(f) == 1) d[1] = d[0];
     for (int w = 0; w < kBlock / per_word; ++w) {
       uint32_t word;
-      std::memcpy(&word, rec + header_bytes(f) + (w * kTile + r) * 4, 4);
+      std::memcpy(&word, words + (w * kTile + r) * 4, 4);
+      const float dw = d[w * per_word >= kBlock / 2 && sub_blocks(f) == 2];
       for (int j = 0; j < per_word; ++j) {
         const uint32_t field = word >> (bits * j);
-        const float q = bits == 4 ? float(field & 0xF) : bits == 8 ? float(int8_t(field)) : float(int16_t(field));
-        out[b * kBlock + w * per_word + j] = has_min(f) ? d * q + m : d * q;
+        const float q = bits == 4 ? float(field & 0xF) : float(int8_t(field));
+        out[b * kBlock + w * per_word + j] = has_min(f) ? dw * q + m : dw * q;
       }
     }
   }

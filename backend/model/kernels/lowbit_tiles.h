@@ -61,12 +61,59 @@ ALWAYS_INLINE vf load_weights(const uint8_t* p) {
   return load_floats((const float*)p);
 }
 
-// LANES scales of a record's header (`which`: 0 d, 1 m), as fp32: fp16 ones converted (exact).
+// LANES scales of a plain record's header (`which`: 0 d, 1 m), as fp32 (fp16 converted: exact).
 template <int FORMAT>
 ALWAYS_INLINE vf load_scales(const uint8_t* rec, int h, int which) {
-  const uint8_t* p = rec + (which * kTile + h * LANES) * scale_bytes(FORMAT);
-  if constexpr (scale_bytes(FORMAT) == 4) return load_floats((const float*)p);
-  return load_halves(p);
+  return load_halves(rec + (which * kTile + h * LANES) * 2);
+}
+
+// LANES bytes as fp32 (exact), unsigned or signed (a widening load and a conversion: GCC's vector conversion
+// from bytes took element by element).
+template <typename Byte>
+ALWAYS_INLINE vf load_bytes(const uint8_t* p) {
+  constexpr bool is_signed = std::is_signed<Byte>::value;
+#if LOWBIT_AVX512
+  const __m128i bytes = _mm_loadu_si128((const __m128i*)p);
+  return (vf)_mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+#else
+  __m256 parts[LANES / 8];
+  for (int i = 0; i < LANES / 8; ++i) {
+    const __m128i bytes = _mm_loadl_epi64((const __m128i*)(p + 8 * i));
+    parts[i] = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+  }
+  vf v;
+  std::memcpy(&v, parts, sizeof v);
+  return v;
+#endif
+}
+
+// Block b's words in a tile.
+template <int FORMAT>
+ALWAYS_INLINE const uint8_t* block_words(const uint8_t* tile, int64_t b) {
+  if constexpr (is_super(FORMAT))
+    return tile + (b / kSuper) * kSuper * record_bytes(FORMAT) + super_header_bytes(FORMAT) +
+           (b % kSuper) * word_block_bytes(FORMAT);
+  return tile + b * record_bytes(FORMAT) + header_bytes(FORMAT);
+}
+
+// LANES rows' scales of block b (`which`: 0 d of sub-block `sub`, 1 m), as fp32. K-quants: the super-block's d
+// (dmin) times the block's integer scale (min), exact in fp32; m = -(dmin * min), as gguf-py subtracts it.
+template <int FORMAT>
+ALWAYS_INLINE vf block_scales(const uint8_t* tile, int64_t b, int h, int which, int sub) {
+  if constexpr (!is_super(FORMAT)) {
+    return load_scales<FORMAT>(tile + b * record_bytes(FORMAT), h, which);
+  } else {
+    const uint8_t* super = tile + (b / kSuper) * kSuper * record_bytes(FORMAT);
+    const uint8_t* ints = super + (has_min(FORMAT) ? 2 : 1) * kTile * 2;
+    const int64_t j = b % kSuper;
+    if constexpr (FORMAT == Q6_K) {
+      return load_halves(super + h * LANES * 2) * load_bytes<int8_t>(ints + (2 * j + sub) * kTile + h * LANES);
+    } else {
+      const vf k = load_bytes<uint8_t>(ints + (which * kSuper + j) * kTile + h * LANES);
+      const vf scaled = load_halves(super + (which * kTile + h * LANES) * 2) * k;
+      return which ? -scaled : scaled;
+    }
+  }
 }
 
 // Input J of a word, as fp32 lanes: q * 2^shift(J) exactly (few significant bits, so the conversion is exact).
@@ -111,25 +158,29 @@ void tile(const float* xs, int64_t ldx, const float* sums, int64_t lds, const ui
           float* out, int64_t ldo, int valid) {
   constexpr int C = MR * kVectors >= 8 ? 1 : 8 / (MR * kVectors);
   constexpr int per_word = inputs_per_word(FORMAT);
+  constexpr int sub_words = kBlock / per_word / sub_blocks(FORMAT);  // words per sub-block
   alignas(64) float total[MR][kTile] = {};
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = tile + b * record_bytes(FORMAT);
-    for (int line = 0; line < record_bytes(FORMAT); line += 64)
-      __builtin_prefetch(rec + kPrefetchRecords * record_bytes(FORMAT) + line);
-    vf acc[kVectors][MR][C] = {};
-    for (int w = 0; w < kBlock / per_word; ++w) {
-      vu word[kVectors];
-      for (int h = 0; h < kVectors; ++h) word[h] = load_words(rec + header_bytes(FORMAT) + (w * kTile + h * LANES) * 4);
-      word_products<FORMAT>(word, xs + b * kBlock + w * per_word, ldx, acc, std::make_integer_sequence<int, per_word>());
-    }
-    for (int h = 0; h < kVectors; ++h) {
-      const vf d = load_scales<FORMAT>(rec, h, 0);
-      for (int r = 0; r < MR; ++r) {
-        vf s = acc[h][r][0];
-        for (int c = 1; c < C; ++c) s += acc[h][r][c];
-        vf t = load_floats(total[r] + h * LANES) + d * s;
-        if constexpr (has_min(FORMAT)) t += load_scales<FORMAT>(rec, h, 1) * sums[r * lds + b];
-        std::memcpy(total[r] + h * LANES, &t, sizeof t);
+    // the stream ahead: a record's worth of bytes, kPrefetchRecords records on (K-quants: their average share)
+    const uint8_t* ahead = tile + (b + kPrefetchRecords) * record_bytes(FORMAT);
+    for (int line = 0; line < record_bytes(FORMAT); line += 64) __builtin_prefetch(ahead + line);
+    const uint8_t* words = block_words<FORMAT>(tile, b);
+    for (int sub = 0; sub < sub_blocks(FORMAT); ++sub) {
+      vf acc[kVectors][MR][C] = {};
+      for (int w = sub * sub_words; w < (sub + 1) * sub_words; ++w) {
+        vu word[kVectors];
+        for (int h = 0; h < kVectors; ++h) word[h] = load_words(words + (w * kTile + h * LANES) * 4);
+        word_products<FORMAT>(word, xs + b * kBlock + w * per_word, ldx, acc, std::make_integer_sequence<int, per_word>());
+      }
+      for (int h = 0; h < kVectors; ++h) {
+        const vf d = block_scales<FORMAT>(tile, b, h, 0, sub);
+        for (int r = 0; r < MR; ++r) {
+          vf s = acc[h][r][0];
+          for (int c = 1; c < C; ++c) s += acc[h][r][c];
+          vf t = load_floats(total[r] + h * LANES) + d * s;
+          if constexpr (has_min(FORMAT)) t += block_scales<FORMAT>(tile, b, h, 1, 0) * sums[r * lds + b];
+          std::memcpy(total[r] + h * LANES, &t, sizeof t);
+        }
       }
     }
   }
@@ -151,15 +202,18 @@ ALWAYS_INLINE void dequant_word(vu v, vf d, vf m, float* w, std::integer_sequenc
 template <int FORMAT>
 void dequant(const uint8_t* tile, int64_t blocks, float* w) {
   constexpr int per_word = inputs_per_word(FORMAT);
+  constexpr int sub_words = kBlock / per_word / sub_blocks(FORMAT);
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = tile + b * record_bytes(FORMAT);
+    const uint8_t* words = block_words<FORMAT>(tile, b);
     for (int h = 0; h < kVectors; ++h) {
-      const vf d = load_scales<FORMAT>(rec, h, 0);
-      const vf m = has_min(FORMAT) ? load_scales<FORMAT>(rec, h, 1) : vf{};
-      for (int word = 0; word < kBlock / per_word; ++word)
-        dequant_word<FORMAT>(load_words(rec + header_bytes(FORMAT) + (word * kTile + h * LANES) * 4), d, m,
-                             w + (b * kBlock + word * per_word) * kTile + h * LANES,
-                             std::make_integer_sequence<int, per_word>());
+      const vf m = has_min(FORMAT) ? block_scales<FORMAT>(tile, b, h, 1, 0) : vf{};
+      for (int sub = 0; sub < sub_blocks(FORMAT); ++sub) {
+        const vf d = block_scales<FORMAT>(tile, b, h, 0, sub);
+        for (int word = sub * sub_words; word < (sub + 1) * sub_words; ++word)
+          dequant_word<FORMAT>(load_words(words + (word * kTile + h * LANES) * 4), d, m,
+                               w + (b * kBlock + word * per_word) * kTile + h * LANES,
+                               std::make_integer_sequence<int, per_word>());
+      }
     }
   }
 }
