@@ -20,18 +20,33 @@ from testkit import prometheus
 
 class Server:
     """tritonserver (the launcher) on free loopback ports with a temporary model repository holding the
-    `variants` (names of VARIANTS), each serving `model` (the run's --model) at the run's thread count."""
+    `variants` (names of VARIANTS), each serving `model` (the run's --model) at the run's thread count, with
+    `parameters` set on each; `on_start(proc)` is called once the process is started."""
 
-    def __init__(self, threads: int, workdir: Path, variants: list[str], model: str):
-        # a variant's own parameters win
-        overrides = {v: {"num_threads": str(threads), "model": model, **VARIANTS[v]} for v in variants}
+    def __init__(
+        self,
+        threads: int,
+        workdir: Path,
+        variants: list[str],
+        model: str,
+        parameters: dict[str, str] | None = None,
+        on_start=None,
+    ):
+        # a variant's own parameters win, then `parameters`
+        overrides = {
+            v: {"num_threads": str(threads), "model": model, **VARIANTS[v], **(parameters or {})} for v in variants
+        }
         repository = write_model_repository(workdir / "model_repository", overrides)
         self.log_path = workdir / "tritonserver.log"
         self.ports = [launcher.free_port() for _ in range(3)]
         log(f"starting tritonserver with {variants} (gRPC {self.ports[1]}; log {self.log_path})")
+        started = time.perf_counter()
         self.proc = launcher.start_server(repository, *self.ports, self.log_path)
+        if on_start is not None:
+            on_start(self.proc)
         try:
             launcher.wait_until_ready(self.ports[0], self.proc, timeout_s=600, metrics_port=self.ports[2])
+            self.ready_s = time.perf_counter() - started  # launch to READY
             self.grpc_url = f"127.0.0.1:{self.ports[1]}"
             self.pids = thread_cpu.process_tree(self.proc.pid)  # tritonserver and its stubs
             for model in variants:  # warm-up

@@ -116,7 +116,9 @@ def default_gguf() -> str:
 class LlamaServer:
     """llama-server on a free loopback port, continuous batching on (its default), greedy requests."""
 
-    def __init__(self, llama: LlamaCpp, threads: int, log_path: Path, extra: tuple[str, ...] = ()):
+    def __init__(
+        self, llama: LlamaCpp, threads: int, log_path: Path, extra: tuple[str, ...] = (), context: int = SERVER_CONTEXT
+    ):
         self.port, self.log_path = launcher.free_port(), log_path
         argv = [
             str(llama.bin_dir / "llama-server"),
@@ -125,7 +127,7 @@ class LlamaServer:
             "-t",
             str(threads),
             "-c",
-            str(SERVER_CONTEXT),
+            str(context),
             "-np",
             str(SERVER_SLOTS),
             *extra,

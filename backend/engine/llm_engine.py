@@ -27,6 +27,7 @@ from backend.engine import prompt_outputs
 from backend.engine.adapters import Adapters
 from backend.engine.model_loading import eos_token_ids, make_proposer, model_folder, resolve_weights
 from backend.engine.step_records import StepWatchers, describe, step_record
+from backend.model import memory_plan
 from backend.model.hardware import serving_threads
 from backend.model.runner import DTYPES, ForwardItem, ModelRunner
 from backend.protocol.sampling_params import SamplingParams
@@ -66,17 +67,21 @@ class LLMEngine:
         )
         if num_blocks < 1:
             raise ConfigError("parameter 'kv_cache_memory_bytes' is too small for a single KV block")
-        self.runner = ModelRunner(
-            config.model,
-            config.dtype,
-            config.block_size,
-            num_blocks,
-            config.device,
-            config.model_impl,
-            config.quantization,
-            config.max_lowbit_rows,
-            self.threads,
-        )
+        try:
+            self.runner = ModelRunner(
+                config.model,
+                config.dtype,
+                config.block_size,
+                num_blocks,
+                config.device,
+                config.model_impl,
+                config.quantization,
+                config.max_lowbit_rows,
+                self.threads,
+                config.max_num_batched_tokens,
+            )
+        except MemoryError as exc:
+            raise ConfigError(str(exc)) from None
         log.info("model path %s; linear layers: %s; %s", self.runner.impl, self.runner.kernel, self.runner.memory)
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)  # the engine thread's (decoding)
         self.input_tokenizer = AutoTokenizer.from_pretrained(config.model)  # callers' thread (encoding)
@@ -110,6 +115,7 @@ class LLMEngine:
             self.max_model_len,
             capacity / self.max_model_len,
         )
+        log.info("resident after loading: %.0f MiB", memory_plan.resident_bytes() / 2**20)
         self.metrics.set("llm_kv_cache_blocks_total", num_blocks)
         self.metrics.set("llm_kv_cache_block_tokens", config.block_size)
         self.metrics.set("llm_max_num_seqs", config.max_num_seqs)

@@ -26,10 +26,19 @@ class RawTensor:
     type: gguf.GGMLQuantizationType
     shape: tuple[int, ...]  # rows first (ggml lists dims fastest first)
     raw: np.ndarray  # uint8 [*shape[:-1], bytes per row], memory-mapped
+    offset: int  # of its first byte in the file
 
     @property
     def type_name(self) -> str:
         return self.type.name
+
+    def release(self) -> None:
+        """Drops the file's pages this tensor touched from this process (MADV_DONTNEED): once its bytes are copied
+        elsewhere, a mapped page that stays counts as resident memory twice."""
+        page = mmap.PAGESIZE
+        start = self.offset // page * page
+        end = self.offset + self.raw.nbytes
+        self.raw._mmap.madvise(mmap.MADV_DONTNEED, start, -(-(end - start) // page) * page)
 
 
 def read_gguf(path: str | Path, arrays: bool = True) -> tuple[dict, dict[str, RawTensor]]:
@@ -85,5 +94,5 @@ def read_gguf(path: str | Path, arrays: bool = True) -> tuple[dict, dict[str, Ra
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = data[start + offset :][: math.prod(dims) // block * size]
         shape = tuple(int(d) for d in dims[::-1])
-        tensors[name] = RawTensor(qtype, shape, raw.reshape(*shape[:-1], -1))
+        tensors[name] = RawTensor(qtype, shape, raw.reshape(*shape[:-1], -1), start + offset)
     return fields, tensors

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,7 @@ class _Tensor:
     shape: tuple[int, ...]  # rows first
     raw: np.ndarray  # the file's bytes, [*shape[:-1], bytes per row], memory-mapped
     rows_index: torch.Tensor | None  # RoPE's un-permutation (q and k of llama / mistral)
+    release: Callable[[], None]  # drops its mapped pages (RawTensor.release)
     format: str | None = None  # the record format, where the kernel serves it
 
     @property
@@ -107,7 +109,7 @@ class GGUFFile:
             index = None
             if permuted and role in ("attn_q", "attn_k") and gguf_name.endswith(".weight"):
                 index = _rope_rows(tensor.shape[0], num_heads if role == "attn_q" else num_kv_heads)
-            self.tensors[name] = _Tensor(name, tensor.type_name, tensor.shape, tensor.raw, index)
+            self.tensors[name] = _Tensor(name, tensor.type_name, tensor.shape, tensor.raw, index, tensor.release)
             self.roles[name] = role
 
     def kernel_formats(self) -> None:
@@ -157,6 +159,7 @@ def load(model_dir: str | Path, num_heads: int, num_kv_heads: int) -> ModelWeigh
     for t, size in zip(served, sizes):
         packed = file.blocks(t).pack()
         blocks[t.name] = Packed(t.format, t.shape[0], arena[offset : offset + size].copy_(packed))
+        t.release()
         offset += size
     dense = {t.name: file.dense(t) for t in file.tensors.values() if t.format is None}
     if "lm_head.weight" not in file.tensors:  # tied: the LM head is the embedding

@@ -22,8 +22,9 @@ class ModelWeights:
 
     @classmethod
     def of_model(cls, hf_model, blocks: dict[str, Packed]) -> ModelWeights:
-        """A loaded Hugging Face model's parameters, with `blocks` for the weights the kernel serves."""
-        return cls(dict(hf_model.named_parameters(remove_duplicate=False)), blocks)
+        """A loaded Hugging Face model's parameters (their tensors, which outlive the modules' own: the runner
+        then empties the modules), with `blocks` for the weights the kernel serves."""
+        return cls({n: p.detach() for n, p in hf_model.named_parameters(remove_duplicate=False)}, blocks)
 
     def get(self, name: str) -> torch.Tensor | None:
         return self.dense.get(name)

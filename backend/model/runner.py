@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from backend.model import fused_llama, gguf_weights, huge_pages, kernels, model_source
+from backend.model import fused_llama, gguf_weights, huge_pages, kernels, memory_plan, model_source
 from backend.model.gguf_weights import find_gguf
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
 from backend.model.lora import LoraAdapter, LoraStep
+from backend.model.memory_plan import MemoryPlan
 from backend.model.model_weights import ModelWeights
 from backend.model.paged_attention import ATTENTION_NAME, AttentionMetadata, SeqSlice, build_metadata
 from backend.model.weight_blocks import Q4_1_INT8, HalfWeights, Packed, quantize_q8_0
@@ -86,6 +87,7 @@ class ModelRunner:
         quantization: str = "none",
         max_lowbit_rows: int = 0,
         threads: int = 0,
+        step_tokens: int = 512,
     ):
         self.threads = threads or torch.get_num_threads()
         kernels.set_threads(self.threads)
@@ -98,12 +100,16 @@ class ModelRunner:
         if model_impl == "fused" and not fused_llama.supports(config):
             raise ValueError(f"the fused path supports {fused_llama.ARCHITECTURES}, not this model")
         isa = kernels.best_isa() if fused and quantization in KERNEL_KINDS else 0
-        if fused and quantization in ("gguf", "gguf_int8") and isa and find_gguf(model_path) is not None:
+        from_file = fused and quantization in ("gguf", "gguf_int8") and isa and find_gguf(model_path) is not None
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        self.shape = ModelShape.of(config)
+        self.memory_plan = self._plan(config, model_path, from_file, quantization, num_blocks, block_size, step_tokens)
+        if from_file:
             # Straight from the file: the Hugging Face model is only names and shapes (meta tensors, no memory).
             with torch.device("meta"):
                 self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
-            heads = config.num_attention_heads
-            weights = gguf_weights.load(model_path, heads, getattr(config, "num_key_value_heads", None) or heads)
+            weights = gguf_weights.load(model_path, heads, kv_heads)
             rotary = type(self.model.model.rotary_emb)(config=config)
             log.info("quantization %s: the GGUF's own blocks, read from the file", quantization)
         else:
@@ -114,9 +120,8 @@ class ModelRunner:
             )
             blocks, isa = self._low_bit_blocks(quantization) if fused else ({}, 0)
             weights = ModelWeights.of_model(self.model, blocks)
-            rotary = self.model.model.rotary_emb if fused else None
-        self.shape = ModelShape.of(self.model.config)
-        self.queries_per_kv = self.model.config.num_attention_heads // self.shape.num_kv_heads
+            rotary = type(self.model.model.rotary_emb)(config=config).to(self.device) if fused else None
+        self.queries_per_kv = heads // self.shape.num_kv_heads
         blocks = weights.blocks
         kernel = kernels.ISA_NAMES[isa] if blocks else "torch"
         self.max_lowbit_rows = max_lowbit_rows or default_lowbit_rows(kernel, self.threads)
@@ -125,6 +130,8 @@ class ModelRunner:
             self.fused = fused_llama.FusedLlama(
                 self.model.config, weights, rotary, quantization, isa, self.max_lowbit_rows
             )
+            # the fused forward holds what it reads; the modules' own tensors would be a second copy
+            self.model.to("meta")
         self.weight_bytes = weights.block_bytes + weights.dense_bytes
         self.impl = "fused" if fused else "hf"
         self.kernel = "torch"
@@ -153,6 +160,34 @@ class ModelRunner:
             self.memory = huge_pages.describe()
         else:
             self.kv_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
+
+    def _plan(self, config, model_path, from_file, quantization, num_blocks, block_size, step_tokens) -> MemoryPlan:
+        """What loading will hold (memory_plan.py), logged, and refused (MemoryError) where it does not fit."""
+        s = self.shape
+        heads = config.num_attention_heads
+        if from_file:
+            weights = gguf_weights.planned_bytes(model_path, heads, s.num_kv_heads)
+        else:  # the model's parameters in its dtype, and the kernel's copies (at most half of fp32's bytes)
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(config)
+            numel = sum(p.numel() for p in skeleton.parameters())
+            weights = numel * self.dtype.itemsize + (numel * 2 if quantization in KERNEL_KINDS else 0)
+        per_token = s.kv_bytes_per_token(self.dtype)
+        hidden, attention = config.hidden_size, heads * s.head_dim
+        intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+        widths = attention + 2 * s.num_kv_heads * s.head_dim + 2 * attention + 3 * hidden + 3 * intermediate
+        activations = step_tokens * 4 * (widths + s.vocab_size)
+        plan = MemoryPlan(
+            weights,
+            num_blocks * block_size * per_token,
+            num_blocks * block_size,
+            activations,
+            memory_plan.resident_bytes(),
+            memory_plan.available_bytes(),
+        )
+        log.info("memory plan: %s", plan.describe())
+        plan.check(per_token)
+        return plan
 
     def _low_bit_blocks(self, quantization: str) -> tuple[dict[str, Packed], int]:
         """For a loaded model, the weights the low-bit kernel serves ("half": its 16-bit weights; "q8_0": every

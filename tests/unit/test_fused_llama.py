@@ -59,7 +59,7 @@ def test_fused_follows_llama_3_rope_scaling_and_an_untied_head(tmp_path):
     fused = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="fused")
     generic = ModelRunner(path, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
     assert fused.model.config.rope_parameters["rope_type"] == "llama3"
-    assert fused.model.lm_head.weight.data_ptr() != fused.model.model.embed_tokens.weight.data_ptr()
+    assert fused.fused.lm_head.weight.data_ptr() != fused.fused.embed.dense.data_ptr()
     for got, want in zip(ragged_steps(fused), ragged_steps(generic)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
