@@ -20,6 +20,8 @@
 #   make bench    the benchmark report (llm-bench $(BENCH_ARGS)) into benchmarks/results, llama.cpp included
 #   make bench-kquant    section 6 on the shipped GGUF re-quantized to KQUANT=Q4_K_M by llama.cpp, served from the
 #                 file by both (benchmarks/results/q4_k_m)
+#   make bench-sizes     1B-, 3B- and 8B-shaped random GGUFs (llama-quantize) through Triton against llama.cpp:
+#                 READY, memory, batch 1 / 8 / 32, a long prompt (benchmarks/results/sizes; SIZES_ARGS=...)
 #   make clean    remove .venv, .triton and .cache (keeps models/);  make clean-all also removes models/
 #
 # Every target is idempotent: finished work is skipped (stamp files / existing outputs).
@@ -165,7 +167,7 @@ deploy-check: venv
 	$(VENV_PY) -m deploy.check
 
 # The benchmark's peer (benchmarks/llama_cpp_build.py): needs cmake and a C++ compiler, installed where missing.
-.PHONY: llama-cpp bench bench-kquant
+.PHONY: llama-cpp bench bench-kquant bench-sizes
 BENCH_ARGS ?=
 llama-cpp: venv
 	@command -v cmake >/dev/null || { $(call apt-install,cmake,make llama-cpp); }
@@ -182,6 +184,11 @@ bench-kquant: venv model triton kernels llama-cpp
 	file=$$($(VENV_PY) -m benchmarks.llama_cpp_build --quantize $(KQUANT) | tail -1); \
 	$(VENV)/bin/llm-bench --only 6 --model "$$file" --gguf "$$file" \
 	  --out benchmarks/results/$$(echo $(KQUANT) | tr A-Z a-z) $(BENCH_ARGS)
+
+# Real model sizes (benchmarks/model_sizes.py): files generated once into .cache/llama.cpp/models.
+SIZES_ARGS ?=
+bench-sizes: venv triton kernels llama-cpp
+	$(VENV_PY) -m benchmarks.model_sizes $(SIZES_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TRITON_DIR) .cache .pytest_cache

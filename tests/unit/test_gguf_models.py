@@ -33,11 +33,10 @@ CASES = {
 
 @pytest.fixture(scope="module", autouse=True)
 def caches(tmp_path_factory):
-    """The prepared folders and packed blocks of this module's files in a folder of their own."""
+    """The prepared folders of this module's files in a folder of their own."""
     root = tmp_path_factory.mktemp("caches")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("LLM_MODEL_CACHE", str(root / "models"))
-        patch.setenv("LLM_WEIGHT_CACHE", str(root / "weights"))
         yield
 
 
