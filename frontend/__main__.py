@@ -16,8 +16,9 @@ from pathlib import Path
 from aiohttp import web
 
 from . import batch_view
-from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TOKENS, Settings, create_app
+from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_TOKENS, REASONING, Settings, create_app
 from .openai_protocol import DEFAULT_MAX_PROMPTS_PER_REQUEST
+from .reasoning import PARSERS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PORT = 9000
@@ -74,6 +75,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="require 'Authorization: Bearer <key>' (or 'x-api-key: <key>') on /v1 routes, /tokenize and /detokenize "
         "(default $LLM_API_KEY; prefer the variable: arguments show in the process list)",
     )
+    ap.add_argument(
+        "--reasoning-parser",
+        choices=PARSERS,
+        default="auto",
+        help="split the model's reasoning (<think> ... </think>) from its answer: auto (the default: qwen3 when "
+        "the chat template handles <think> tags, else none), qwen3, deepseek_r1 (the answer starts inside the "
+        "reasoning) or none",
+    )
     return ap.parse_args(argv)
 
 
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         args.triton_metrics,
         args.max_prompts_per_request,
         args.api_key,
+        args.reasoning_parser,
     )
 
     def add_batch_view(app: web.Application) -> None:
@@ -97,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings, extra_routes=[add_batch_view])
     print(
         f"OpenAI API on http://{args.host}:{args.port}/v1 (models {settings.models}; Triton gRPC "
-        f"{settings.triton_grpc}; API key {'required' if settings.api_key else 'not required'})",
+        f"{settings.triton_grpc}; API key {'required' if settings.api_key else 'not required'}; reasoning parser "
+        f"{app[REASONING].name})",
         flush=True,
     )
     web.run_app(app, host=args.host, port=args.port, print=None, handler_cancellation=True, access_log=None)

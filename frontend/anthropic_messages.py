@@ -54,6 +54,8 @@ BLOCK_KEYS = {  # the fields of each content block this server reads or may igno
     "assistant": {
         "text": {"type", "text", "cache_control", "citations"},
         "tool_use": {"type", "id", "name", "input", "cache_control"},
+        "thinking": {"type", "thinking", "signature"},  # an earlier answer's reasoning, sent back
+        "redacted_thinking": {"type", "data"},
     },
 }
 TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control"}
@@ -71,6 +73,8 @@ _STRING = (str, "a string")
 BLOCK_FIELDS: dict[str, dict[str, tuple]] = {  # the JSON type of each block field (None: may be left out)
     "text": {"text": _STRING},
     "tool_use": {"id": _STRING, "name": _STRING, "input": (dict, "an object")},
+    "thinking": {"thinking": _STRING},
+    "redacted_thinking": {"data": _STRING},
     "tool_result": {
         "tool_use_id": _STRING,
         "content": (str | list | None, "a string or an array of text blocks"),
@@ -85,6 +89,7 @@ class MessagesRequest:
 
     generation: Generation
     stop_sequences: tuple[str, ...]
+    thinking: bool = False  # thinking {"type": "enabled"}: the answer's reasoning is a thinking block
 
 
 def parse_messages(body: Any, served: list[str], render_chat: Callable[[list[dict]], str]) -> MessagesRequest:
@@ -109,7 +114,7 @@ def parse_messages(body: Any, served: list[str], render_chat: Callable[[list[dic
         extra["include_stop_str_in_output"] = True  # the answer names the stop sequence that matched
     generation = make_generation(sampling_body, model, [prompt], max_tokens, None, False, NAMES, extra)
     generation.tool_calling = tool_calling
-    return MessagesRequest(generation, stops)
+    return MessagesRequest(generation, stops, body.get("thinking", {}).get("type") == "enabled")
 
 
 def parse_count_tokens(body: Any, served: list[str], render_chat: Callable[[list[dict]], str]) -> str:
@@ -121,13 +126,7 @@ def parse_count_tokens(body: Any, served: list[str], render_chat: Callable[[list
 
 def render_prompt(body: dict, render_chat: Callable[[list[dict]], str]) -> tuple[str, ToolCalling | None]:
     """The prompt text of a checked body's system, messages and tools, and the tools the model may call."""
-    thinking = body.get("thinking", {"type": "disabled"})
-    if thinking != {"type": "disabled"}:
-        raise bad_request(
-            f'thinking is not supported: only {{"type": "disabled"}} (the model does not think before answering), '
-            f"got {thinking!r}",
-            "thinking",
-        )
+    _check_thinking(body.get("thinking", {"type": "disabled"}))
     tool_calling = _tool_calling(body)
     messages = _messages(body.get("messages"))
     prefill = _prefill(messages, tool_calling)
@@ -135,6 +134,24 @@ def render_prompt(body: dict, render_chat: Callable[[list[dict]], str]) -> tuple
     if system:
         messages.insert(0, {"role": "system", "content": system})
     return render_chat(conversation(messages, tool_calling)) + prefill, tool_calling
+
+
+def _check_thinking(thinking: dict) -> None:
+    """{"type": "disabled"}, or {"type": "enabled", "budget_tokens": n} (n accepted, not enforced)."""
+    budget = thinking.get("budget_tokens")
+    if thinking == {"type": "disabled"} or (
+        thinking.get("type") == "enabled"
+        and set(thinking) == {"type", "budget_tokens"}
+        and isinstance(budget, int)
+        and not isinstance(budget, bool)
+        and budget >= 1
+    ):
+        return
+    raise bad_request(
+        'thinking must be {"type": "disabled"} or {"type": "enabled", "budget_tokens": n} (n at least 1; '
+        f"the model's reasoning is not cut at n tokens: max_tokens limits it), got {thinking!r}",
+        "thinking",
+    )
 
 
 def _check_metadata(metadata: dict | None) -> None:
@@ -225,7 +242,8 @@ def _user_turns(blocks: list[dict]) -> list[dict]:
 
 
 def _assistant_turn(blocks: list[dict]) -> dict:
-    """An assistant message: its text, and its tool_use blocks as the turn's tool_calls."""
+    """An assistant message: its text, its tool_use blocks as the turn's tool_calls, and its thinking blocks as
+    its reasoning_content (the chat template decides whether to show it; redacted thinking is dropped)."""
     calls = [
         {
             "id": block["id"],
@@ -236,7 +254,13 @@ def _assistant_turn(blocks: list[dict]) -> dict:
         if block["type"] == "tool_use"
     ]
     text = JOIN.join(block["text"] for block in blocks if block["type"] == "text")
-    return {"role": "assistant", "content": text, "tool_calls": calls}
+    thought = JOIN.join(block["thinking"] for block in blocks if block["type"] == "thinking")
+    return {
+        "role": "assistant",
+        "content": text,
+        "tool_calls": calls,
+        **({"reasoning_content": thought} if thought else {}),
+    }
 
 
 def _prefill(messages: list[dict], tool_calling: ToolCalling | None) -> str:

@@ -1,7 +1,9 @@
 """Anthropic's Messages API answers, built from the model's deltas: the message object (whole) or its server-sent
 events (streamed: `event: <type>` and `data: {..., "type"}`), in the shapes of the anthropic SDK's
 `anthropic.types`. With tools, tool calls are parsed out of the text as on /v1/chat/completions (tools.py) and
-become `tool_use` blocks; the text around them becomes `text` blocks.
+become `tool_use` blocks; the text around them becomes `text` blocks. With `thinking: {"type": "enabled"}` the
+model's reasoning (frontend/reasoning.py) is a `thinking` block first (`thinking_delta` events, then one
+`signature_delta` with an empty signature: nothing is signed).
 
 The events come in Anthropic's order: `message_start` (the message, empty content, input tokens), per block
 `content_block_start`, `content_block_delta` (`text_delta`, or one `input_json_delta` with a call's whole
@@ -23,6 +25,7 @@ from .anthropic_errors import error_body
 from .anthropic_messages import MessagesRequest
 from .completions import answer_events
 from .errors import APIError
+from .reasoning import ReasoningSplit
 from .tools import ToolCalling, ToolCallParser
 from .triton_stream import SampleDelta, TritonLLM
 
@@ -34,8 +37,15 @@ class MessageContent:
     each piece makes. A stop sequence the model wrote (the engine keeps it in the text) is taken off the end and
     kept in `stop_sequence`. With tools, whitespace outside a text block (between calls) is dropped."""
 
-    def __init__(self, tool_calling: ToolCalling | None, stop_sequences: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        tool_calling: ToolCalling | None,
+        stop_sequences: tuple[str, ...] = (),
+        reasoning: ReasoningSplit | None = None,
+    ):
         self.blocks: list[dict] = []
+        self.reasoning = reasoning
+        self._thinking = False  # the last block is a thinking block still being written
         self.stop_sequence: str | None = None
         self._parser = ToolCallParser(tool_calling.names) if tool_calling is not None else None
         self._stops = sorted(stop_sequences, key=len, reverse=True)  # the longest that matches is the one
@@ -43,16 +53,22 @@ class MessageContent:
         self._writing = False  # the last block is a text block still being written
         self._held = ""
 
-    def feed(self, text: str, finish_reason: str | None) -> list[dict]:
+    def feed(self, text: str, finish_reason: str | None, token_ids: list[int] = ()) -> list[dict]:
         if self._stops:
             text = self._without_stop(text, finish_reason == "stop")
-        pieces = [text] if self._parser is None else self._parser.pieces(text)
         events: list[dict] = []
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text, list(token_ids))
+            if finish_reason is not None:
+                more_thought, more_text = self.reasoning.finish()
+                thought, text = thought + more_thought, text + more_text
+            events += self._think(thought) + (self._end_thought() if text or finish_reason is not None else [])
+        pieces = [text] if self._parser is None else self._parser.pieces(text)
         for piece in pieces:
             events += self._write(piece) if isinstance(piece, str) else self._tool_use(piece)
         if finish_reason is not None:
             if self._parser is not None:
-                events += self._write(self._parser.finish())
+                events += self._write(self._parser.finish(cut=finish_reason == "length"))
             events += self._close()
         return events
 
@@ -87,6 +103,26 @@ class MessageContent:
             events.append(self._start({"type": "text", "text": ""}))
         self.blocks[-1]["text"] += text
         return events + [self._delta({"type": "text_delta", "text": text})]
+
+    def _think(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        events = []
+        if not self._thinking:
+            self._thinking = True
+            self.blocks.append({"type": "thinking", "thinking": "", "signature": ""})
+            events.append(self._start({"type": "thinking", "thinking": "", "signature": ""}))
+        self.blocks[-1]["thinking"] += text
+        return events + [self._delta({"type": "thinking_delta", "thinking": text})]
+
+    def _end_thought(self) -> list[dict]:
+        if not self._thinking:
+            return []
+        self._thinking = False
+        return [
+            self._delta({"type": "signature_delta", "signature": ""}),
+            {"type": "content_block_stop", "index": len(self.blocks) - 1},
+        ]
 
     def _close(self) -> list[dict]:
         if not self._writing:
@@ -124,16 +160,21 @@ class MessageAnswer:
     def __init__(self, parsed: MessagesRequest):
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.model = parsed.generation.model
-        self.content = MessageContent(parsed.generation.tool_calling, parsed.stop_sequences)
-        self.input_tokens = 0
+        reasoning = parsed.generation.reasoning
+        self.content = MessageContent(
+            parsed.generation.tool_calling, parsed.stop_sequences, reasoning.split() if reasoning else None
+        )
+        self.input_tokens = 0  # the whole prompt; usage splits it into cache reads and the rest
+        self.cached_tokens = 0
         self.output_tokens = 0
         self.finish_reason: str | None = None
         self.pinged = False
 
     def add(self, delta: SampleDelta) -> list[dict]:
         self.input_tokens, self.output_tokens = delta.num_input_tokens, delta.num_output_tokens
+        self.cached_tokens = delta.num_cached_tokens
         self.finish_reason = delta.finish_reason or self.finish_reason
-        return self.content.feed(delta.text, delta.finish_reason)
+        return self.content.feed(delta.text, delta.finish_reason, delta.token_ids)
 
     def body(self) -> dict:
         """The message object; before the end (`message_start`) with no content and no stop reason."""
@@ -150,7 +191,7 @@ class MessageAnswer:
         }
 
     def opening(self, first: SampleDelta) -> list[dict]:
-        self.input_tokens = first.num_input_tokens
+        self.input_tokens, self.cached_tokens = first.num_input_tokens, first.num_cached_tokens
         return [{"type": "message_start", "message": self.body()}]
 
     def closing(self) -> list[dict]:
@@ -179,11 +220,13 @@ class MessageAnswer:
         return "".join(chunks).encode()
 
     def _usage(self) -> dict:
-        """The engine reports no per-request prefix-cache hits: the cache counts are 0."""
+        """Anthropic's split of the prompt: `cache_read_input_tokens` the tokens the engine's prefix cache served,
+        `input_tokens` the rest (their sum is the prompt, count_tokens' answer); the engine's cache needs no
+        writes asked for, so `cache_creation_input_tokens` is 0."""
         return {
-            "input_tokens": self.input_tokens,
+            "input_tokens": self.input_tokens - self.cached_tokens,
             "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_read_input_tokens": self.cached_tokens,
             "output_tokens": self.output_tokens,
         }
 

@@ -32,11 +32,13 @@ from .anthropic_messages import parse_count_tokens, parse_messages
 from .anthropic_stream import answer_messages
 from .auth import api_key_middleware
 from .completions import answer_stream, answer_whole
-from .errors import APIError, internal_error, model_not_found
+from .errors import APIError, bad_request, internal_error, model_not_found
+from .generation import Generation, is_constrained
 from .lora import AdapterIndex, load_adapter, unload_adapter
 from .metrics import FrontDoorMetrics, metrics_response, triton_metrics
 from .openai_protocol import DEFAULT_MAX_PROMPTS_PER_REQUEST, parse_chat, parse_completion
 from .openai_responses import ChatFormat, CompletionFormat
+from .reasoning import Reasoning, ReasoningParser
 from .request_body import read_json
 from .responses_api import parse_responses
 from .responses_output import answer_responses
@@ -58,6 +60,7 @@ class Settings:
     triton_metrics_url: str = ""  # e.g. http://127.0.0.1:8002/metrics, appended to /metrics ("" for none)
     max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST  # completions: prompts x n per request
     api_key: str = field(default="", repr=False)  # "": no key needed (bind to loopback only); never printed
+    reasoning_parser: str = "auto"  # auto, qwen3, deepseek_r1 or none (frontend/reasoning.py)
     started: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -68,6 +71,7 @@ COUNTERS = web.AppKey("counters", FrontDoorMetrics)
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 ADMISSION = web.AppKey("admission", Admission)
 ADAPTERS = web.AppKey("adapters", AdapterIndex)
+REASONING = web.AppKey("reasoning", ReasoningParser)
 
 
 def create_app(
@@ -80,6 +84,11 @@ def create_app(
     app = web.Application(middlewares=middlewares, client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[TOKENIZER] = tokenizer or ModelTokenizer(settings.model_dir)
+    app[REASONING] = ReasoningParser(
+        settings.reasoning_parser,
+        getattr(app[TOKENIZER], "chat_template", None),
+        getattr(app[TOKENIZER], "decode", None),
+    )
     app[COUNTERS] = FrontDoorMetrics()
     app.cleanup_ctx.append(_clients)
     app.router.add_post("/v1/chat/completions", _chat)
@@ -161,6 +170,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body, served = await _body_and_served(request)
     generation = parse_chat(body, served, settings.default_max_tokens, tokenizer.render_chat)
+    generation.reasoning = _reasoning(request.app, generation)
     return await _answer(request, generation, ChatFormat(generation, tokenizer))
 
 
@@ -177,6 +187,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     settings, tokenizer = request.app[SETTINGS], request.app[TOKENIZER]
     body, served = await _body_and_served(request)
     parsed = parse_responses(body, served, settings.default_max_tokens, tokenizer.render_chat)
+    parsed.generation.reasoning = _reasoning(request.app, parsed.generation)
     request.app[ADAPTERS].route(parsed.generation)
     return await answer_responses(request, request.app[LLM], parsed, request.app[ADMISSION])
 
@@ -185,8 +196,26 @@ async def _messages(request: web.Request) -> web.StreamResponse:
     tokenizer = request.app[TOKENIZER]
     body, served = await _body_and_served(request)
     parsed = parse_messages(body, served, tokenizer.render_chat)
+    if parsed.thinking:
+        if is_constrained(parsed.generation):
+            raise bad_request(
+                'thinking {"type": "enabled"} cannot be used when tool_choice forces tool use', "thinking"
+            )
+        parsed.generation.reasoning = _reasoning(request.app, parsed.generation)
+        if parsed.generation.reasoning is None:
+            raise bad_request(
+                'thinking {"type": "enabled"} needs a reasoning model: this front door reads no reasoning from '
+                "this model's answers (its --reasoning-parser is none, or the chat template has no <think> tags)",
+                "thinking",
+            )
     request.app[ADAPTERS].route(parsed.generation)
     return await answer_messages(request, request.app[LLM], parsed, request.app[ADMISSION])
+
+
+def _reasoning(app: web.Application, generation: Generation) -> Reasoning | None:
+    """The request's reasoning parser; none for a constrained answer (structured output, a forced tool call):
+    the grammar holds from the first token, so all of it is the answer."""
+    return None if is_constrained(generation) else app[REASONING].for_prompt(generation.prompts[0])
 
 
 async def _count_tokens(request: web.Request) -> web.Response:

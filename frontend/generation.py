@@ -11,6 +11,7 @@ from backend.protocol.sampling_params import SamplingParams
 from backend.protocol.values import InvalidRequest
 
 from .errors import bad_request, unsupported
+from .reasoning import Reasoning
 from .tools import ToolCalling
 
 # OpenAI (and vLLM-extra) parameters passed through to sampling_parameters under the same name.
@@ -37,6 +38,7 @@ PASSTHROUGH = (
     "structured_outputs",
     "logit_bias",
 )
+CONSTRAINTS = tuple(key for key in PASSTHROUGH if key.startswith("guided_")) + ("structured_outputs",)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Generation:
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
     tool_calling: ToolCalling | None = None  # chat: tools the model may call (their calls parsed from its text)
     target: str = ""  # the Triton model that serves it where `model` names a LoRA adapter (lora.py)
+    reasoning: Reasoning | None = None  # chat: the reasoning parser its text goes through (reasoning.py)
 
     @property
     def num_choices(self) -> int:
@@ -101,6 +104,11 @@ def make_generation(
         logprobs,
         body.get("return_tokens_as_token_ids", False),
     )
+
+
+def is_constrained(generation: Generation) -> bool:
+    """Whether a grammar holds the answer from its first token (structured output, a forced tool call)."""
+    return any(key in generation.sampling for key in CONSTRAINTS)
 
 
 def _validate(sampling: dict, names: dict[str, str]) -> None:

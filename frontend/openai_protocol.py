@@ -31,15 +31,17 @@ CHAT_FIELDS = COMMON | {
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "chat_template_kwargs",
 }
+# chat_template_kwargs may not name the variables the chat template is rendered with already
+TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "suffix", "best_of"}
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def parse_chat(
-    body: Any, served: list[str], default_max_tokens: int, render_chat: Callable[[list[dict]], str]
-) -> Generation:
-    """A /v1/chat/completions body; `render_chat` applies the model's chat template."""
+def parse_chat(body: Any, served: list[str], default_max_tokens: int, render_chat: Callable[..., str]) -> Generation:
+    """A /v1/chat/completions body; `render_chat` applies the model's chat template (with
+    `template_kwargs=` when the body gives chat_template_kwargs)."""
     body = check_fields(body, CHAT_FIELDS)
     model = served_model(body, served)
     if "max_tokens" in body and "max_completion_tokens" in body and body["max_tokens"] != body["max_completion_tokens"]:
@@ -57,7 +59,9 @@ def parse_chat(
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     if "logprobs" in body and not isinstance(body["logprobs"], bool):
         raise bad_request(f"logprobs must be a boolean, got {body['logprobs']!r}", "logprobs")
-    prompt = render_chat(conversation(chat_messages(body.get("messages")), tool_calling))
+    messages = conversation(chat_messages(body.get("messages")), tool_calling)
+    template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
+    prompt = render_chat(messages, template_kwargs=template_kwargs) if template_kwargs else render_chat(messages)
     names = {
         "max_tokens": "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens",
         "logprobs": "top_logprobs",
@@ -69,6 +73,18 @@ def parse_chat(
     generation = make_generation(body, model, [prompt], max_tokens, logprobs, False, names, constraint)
     generation.tool_calling = tool_calling
     return generation
+
+
+def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """vLLM's chat_template_kwargs: more variables for the chat template (e.g. {"enable_thinking": false})."""
+    taken = sorted(set(kwargs or {}) & set(TEMPLATE_VARIABLES))
+    if taken:
+        raise bad_request(
+            f"chat_template_kwargs may not set {taken[0]!r}: the request's own fields give the template "
+            f"{list(TEMPLATE_VARIABLES)}",
+            "chat_template_kwargs",
+        )
+    return kwargs or {}
 
 
 def _response_format(response_format: Any) -> dict[str, Any]:
@@ -145,12 +161,14 @@ def chat_messages(messages: Any) -> list[dict]:
         param = f"messages[{i}]"
         if not isinstance(message, dict):
             raise bad_request(f"{param} must be an object with role and content", param)
-        extra = set(message) - {"role", "content", "name", "tool_calls", "tool_call_id"}
+        extra = set(message) - {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
         if extra:
             raise unsupported(f"{param}.{sorted(extra)[0]}")
         role = message.get("role")
         if role not in ROLES:
             raise bad_request(f"{param}.role must be one of {list(ROLES)}, got {role!r}", f"{param}.role")
+        if not isinstance(message.get("reasoning_content", ""), str):
+            raise bad_request(f"{param}.reasoning_content must be a string", f"{param}.reasoning_content")
         tool_calls = _tool_calls(message.get("tool_calls"), role, param)
         content = message.get("content")
         content = "" if content is None and tool_calls else _content(content, f"{param}.content")

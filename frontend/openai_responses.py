@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .generation import Generation
+from .reasoning import ReasoningSplit
 from .tokenizer import ModelTokenizer
 from .tools import ToolCallParser
 from .triton_stream import SampleDelta
@@ -20,27 +21,41 @@ class Choice:
     text: str = ""
     logprobs: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
+    pieces: list[tuple[str, list[int]]] = field(default_factory=list)  # each delta's text and token ids
 
     def add(self, delta: SampleDelta) -> None:
         self.text += delta.text
+        self.pieces.append((delta.text, delta.token_ids))
         self.logprobs += delta.logprobs or []
         self.finish_reason = delta.finish_reason or self.finish_reason
 
 
 class Usage:
-    """Prompt tokens (each prompt once, whatever n) and completion tokens (every choice)."""
+    """Prompt tokens (each prompt once, whatever n), of those the ones the engine's prefix cache served, and
+    completion tokens (every choice)."""
 
     def __init__(self):
         self.prompt: dict[int, int] = {}
+        self.cached: dict[int, int] = {}
         self.completion: dict[int, int] = {}
 
     def add(self, prompt_index: int, choice_index: int, delta: SampleDelta) -> None:
         self.prompt[prompt_index] = delta.num_input_tokens
+        self.cached[prompt_index] = delta.num_cached_tokens
         self.completion[choice_index] = delta.num_output_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self.cached.values())
 
     def body(self) -> dict:
         prompt, completion = sum(self.prompt.values()), sum(self.completion.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
 
 class ResponseFormat:
@@ -78,13 +93,16 @@ class ResponseFormat:
         return body
 
     def usage_chunk(self, usage: Usage) -> dict:
-        return {**self._envelope(self.chunk_object_name, []), "usage": usage.body()}
+        return {**self._envelope(self.chunk_object_name, []), "usage": self.usage_body(usage)}
 
     def whole(self, choices: dict[int, Choice], usage: Usage) -> dict:
         return {
             **self._envelope(self.object_name, [self.whole_choice(i, choices[i]) for i in sorted(choices)]),
-            "usage": usage.body(),
+            "usage": self.usage_body(usage),
         }
+
+    def usage_body(self, usage: Usage) -> dict:
+        return usage.body()
 
     def token_text(self, token_id: int) -> str:
         return f"token_id:{token_id}" if self.generation.tokens_as_ids else self.tokenizer.token_text(token_id)
@@ -106,8 +124,10 @@ class ResponseFormat:
 
 
 class ChatFormat(ResponseFormat):
-    """Chat answers; with tools, each choice's text goes through a ToolCallParser: the calls it finds become
-    `tool_calls` (finish_reason `tool_calls`) and the rest stays content."""
+    """Chat answers; with a reasoning parser (frontend/reasoning.py), each choice's reasoning is split off into
+    `reasoning_content` and its tokens counted in `completion_tokens_details.reasoning_tokens`; with tools, the
+    rest of the text goes through a ToolCallParser: the calls it finds become `tool_calls` (finish_reason
+    `tool_calls`) and the rest stays content."""
 
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
@@ -116,6 +136,17 @@ class ChatFormat(ResponseFormat):
     def __init__(self, generation: Generation, tokenizer: ModelTokenizer):
         super().__init__(generation, tokenizer)
         self._parsers: dict[int, ToolCallParser] = {}  # streaming: one per choice
+        self._splits: dict[int, ReasoningSplit] = {}  # with a reasoning parser: one per choice
+
+    def usage_body(self, usage: Usage) -> dict:
+        body = usage.body()
+        if self.generation.reasoning is not None:
+            reasoning = sum(split.tokens for split in self._splits.values())
+            body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        return body
+
+    def _split(self, index: int) -> ReasoningSplit:
+        return self._splits.setdefault(index, self.generation.reasoning.split())
 
     def opening_choices(self) -> list[dict]:
         return [
@@ -125,16 +156,25 @@ class ChatFormat(ResponseFormat):
 
     def delta_choice(self, index: int, delta: SampleDelta) -> dict:
         content, calls, finish_reason = delta.text, [], delta.finish_reason
+        reasoning = ""
+        if self.generation.reasoning is not None:
+            split = self._split(index)
+            reasoning, content = split.feed(delta.text, delta.token_ids)
+            if finish_reason is not None:
+                more_reasoning, more_content = split.finish()
+                reasoning, content = reasoning + more_reasoning, content + more_content
         tools = self.generation.tool_calling
         if tools is not None:
             parser = self._parsers.setdefault(index, ToolCallParser(tools.names))
-            content, calls = parser.feed(delta.text)
+            content, calls = parser.feed(content)
             if tools.choice != "auto" and not content.strip():
                 content = ""  # forced calls: only the newlines between them
             if finish_reason is not None:
-                content += parser.finish()
+                content += parser.finish(cut=finish_reason == "length")
                 finish_reason = _finish_reason(finish_reason, parser.num_calls)
-        message = {"content": content} if content else {}
+        message = {"reasoning_content": reasoning} if reasoning else {}
+        if content:
+            message["content"] = content
         if calls:
             message["tool_calls"] = calls
         return {
@@ -145,17 +185,24 @@ class ChatFormat(ResponseFormat):
         }
 
     def whole_choice(self, index: int, choice: Choice) -> dict:
-        message = {"role": "assistant", "content": choice.text}
+        text, reasoning = choice.text, {}
+        if self.generation.reasoning is not None:
+            split = self._split(index)
+            text = "".join(split.feed(piece, ids)[1] for piece, ids in choice.pieces) + split.finish()[1]
+            reasoning = {"reasoning_content": split.reasoning or None}
+        message = {"role": "assistant", "content": text if text or not reasoning else None, **reasoning}
         finish_reason = choice.finish_reason
         tools = self.generation.tool_calling
         if tools is not None:
             parser = ToolCallParser(tools.names)
-            content, calls = parser.feed(choice.text)
-            content += parser.finish()
+            content, calls = parser.feed(text)
+            content += parser.finish(cut=finish_reason == "length")
+            message["content"] = content
             if calls:
                 message = {
                     "role": "assistant",
                     "content": content.strip() or None,
+                    **reasoning,
                     "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls],
                 }
                 finish_reason = _finish_reason(finish_reason, len(calls))
@@ -185,7 +232,8 @@ class ChatFormat(ResponseFormat):
 
 
 def _finish_reason(engine_reason: str, num_calls: int) -> str:
-    """`tool_calls` when the model stopped after calling (a call cut off by max_tokens is left as text)."""
+    """`tool_calls` when the model stopped after calling; `length` when max_tokens cut the answer (a call it cut
+    off is dropped)."""
     return "tool_calls" if num_calls and engine_reason == "stop" else engine_reason
 
 

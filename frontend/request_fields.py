@@ -57,6 +57,7 @@ TYPES: dict[str, tuple] = {
     "tools": (list,),
     "tool_choice": (str, dict),
     "parallel_tool_calls": (bool,),
+    "chat_template_kwargs": (dict,),
 }
 _TYPE_NAMES = {
     int: "an integer",

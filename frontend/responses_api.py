@@ -78,6 +78,7 @@ ITEM_KEYS = {  # the fields of each input item this server reads or may ignore (
     "message": {"type", "role", "content", "id", "status", "phase"},
     "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
     "function_call_output": {"type", "call_id", "output", "id", "status"},
+    "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"},  # dropped: see _input
 }
 TEXT_PARTS = ("input_text", "output_text")
 PART_KEYS = {"type", "text", "annotations", "logprobs"}
@@ -286,6 +287,8 @@ def _input(items: Any) -> list[dict]:
         extra = {key for key, value in item.items() if value is not None} - ITEM_KEYS[kind]
         if extra:
             raise unsupported(f"{param}.{sorted(extra)[0]}")
+        if kind == "reasoning":
+            continue  # an earlier answer's reasoning, sent back with its output: not shown to the model again
         if kind == "message":
             role = item.get("role")
             if role not in ROLES:

@@ -1,7 +1,9 @@
 """The Responses API's answers, built from the model's deltas: the Response object (whole) or its server-sent
 events (streamed: `event: <type>` and `data: {...}` with a `sequence_number`), in the shapes of the openai
 SDK's `openai.types.responses`. With tools, tool calls are parsed out of the text as on /v1/chat/completions
-(tools.py) and become `function_call` output items; the text around them becomes `message` items.
+(tools.py) and become `function_call` output items; the text around them becomes `message` items. With a
+reasoning parser (frontend/reasoning.py), the reasoning is a `reasoning` item first, its text streamed as
+`response.reasoning_text.delta` events.
 
 A streamed answer's 200 is sent only when the first token arrives (a request the model refuses keeps its
 status: completions.py's `answer_events` runs it); an engine failure after that is an `error` event, then
@@ -20,6 +22,7 @@ from .admission import Admission
 from .completions import answer_events
 from .errors import APIError
 from .openai_responses import Usage
+from .reasoning import ReasoningSplit
 from .responses_api import ResponsesRequest
 from .tools import ToolCalling, ToolCallParser
 from .triton_stream import SampleDelta, TritonLLM
@@ -33,34 +36,53 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
 class OutputItems:
     """One answer's output items, built from the model's text as it arrives. `feed` and `finish` return the
     stream events each step makes (without sequence numbers); `items` is the output so far. With tools,
     whitespace outside a message (between calls) is held back and dropped, as chat drops it."""
 
-    def __init__(self, tool_calling: ToolCalling | None):
+    def __init__(self, tool_calling: ToolCalling | None, reasoning: ReasoningSplit | None = None):
         self.items: list[dict] = []
+        self.reasoning = reasoning
         self._parser = ToolCallParser(tool_calling.names) if tool_calling is not None else None
         self._message: dict | None = None  # the message item being written
         self._text = ""  # its text so far
         self._held = ""
+        self._thought: dict | None = None  # the reasoning item being written
 
-    def feed(self, text: str) -> list[dict]:
-        pieces = [text] if self._parser is None else self._parser.pieces(text)
+    def feed(self, text: str, token_ids: list[int] = ()) -> list[dict]:
         events: list[dict] = []
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text, list(token_ids))
+            events += self._think(thought) + (self._close_thought("completed") if text else [])
+        return events + self._answer(text)
+
+    def _answer(self, text: str) -> list[dict]:
+        """The answer's text: messages, and with tools, calls."""
+        events: list[dict] = []
+        pieces = [text] if self._parser is None else self._parser.pieces(text)
         for piece in pieces:
             events += self._write(piece) if isinstance(piece, str) else self._call(piece)
         return events
 
     def finish(self, finish_reason: str) -> list[dict]:
         """The events that end the output; every answer has at least one item (an empty message if need be)."""
-        events = self._write(self._parser.finish()) if self._parser is not None else []
+        cut = finish_reason == "length"  # a call max_output_tokens cut off is dropped, not shown as text
+        events = []
+        if self.reasoning is not None:
+            cut_mid_thought = cut and self.reasoning.tags.thinking
+            thought, text = self.reasoning.finish()
+            events += self._think(thought) + self._close_thought("incomplete" if cut_mid_thought else "completed")
+            events += self._answer(text)
+        events += self._write(self._parser.finish(cut)) if self._parser is not None else []
         if not self.items:
             events += self._open()
         if self._message is not None:
-            events += self._write_now(self._held) + self._close(
-                "incomplete" if finish_reason == "length" else "completed"
-            )
+            events += self._write_now(self._held) + self._close("incomplete" if cut else "completed")
         self._held = ""
         return events
 
@@ -69,7 +91,52 @@ class OutputItems:
         out = [json.loads(json.dumps(item)) for item in self.items]
         if self._message is not None:
             out[-1]["content"] = [_text_part(self._text)]
+        if self._thought is not None:
+            out[-1]["content"] = [_reasoning_part(self.reasoning.reasoning)]
         return out
+
+    def _think(self, text: str) -> list[dict]:
+        """The reasoning item (opened at its first text), written on."""
+        if not text:
+            return []
+        events = []
+        if self._thought is None:
+            self._thought = {
+                "type": "reasoning",
+                "id": _id("rs"),
+                "summary": [],
+                "content": [],
+                "status": "in_progress",
+            }
+            self.items.append(self._thought)
+            events += [
+                {
+                    "type": "response.output_item.added",
+                    "output_index": len(self.items) - 1,
+                    "item": dict(self._thought),
+                },
+                {"type": "response.content_part.added", **self._thought_at(), "part": _reasoning_part("")},
+            ]
+        return events + [{"type": "response.reasoning_text.delta", **self._thought_at(), "delta": text}]
+
+    def _close_thought(self, status: str) -> list[dict]:
+        if self._thought is None:
+            return []
+        where, item, text = self._thought_at(), self._thought, self.reasoning.reasoning
+        item.update(status=status, content=[_reasoning_part(text)])
+        self._thought = None
+        return [
+            {"type": "response.reasoning_text.done", **where, "text": text},
+            {"type": "response.content_part.done", **where, "part": _reasoning_part(text)},
+            {"type": "response.output_item.done", "output_index": where["output_index"], "item": dict(item)},
+        ]
+
+    def _thought_at(self) -> dict:
+        return {"item_id": self._thought["id"], "output_index": len(self.items) - 1, "content_index": 0}
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.reasoning.tokens if self.reasoning is not None else 0
 
     def _write(self, text: str) -> list[dict]:
         if self._message is None and self._parser is not None and not (self._held + text).strip():
@@ -154,14 +221,15 @@ class ResponseAnswer:
         self.parsed = parsed
         self.id = _id("resp")
         self.created_at = int(time.time())
-        self.output = OutputItems(parsed.generation.tool_calling)
+        reasoning = parsed.generation.reasoning
+        self.output = OutputItems(parsed.generation.tool_calling, reasoning.split() if reasoning else None)
         self.usage = Usage()
         self.finish_reason: str | None = None
         self.sequence_number = 0  # of the next event
 
     def add(self, delta: SampleDelta) -> list[dict]:
         self.usage.add(0, 0, delta)
-        events = self.output.feed(delta.text)
+        events = self.output.feed(delta.text, delta.token_ids)
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
             events += self.output.finish(delta.finish_reason)
@@ -190,9 +258,9 @@ class ResponseAnswer:
             **self.parsed.settings,
             "usage": {
                 "input_tokens": usage["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "input_tokens_details": {"cached_tokens": self.usage.cached_tokens, "cache_write_tokens": 0},
                 "output_tokens": usage["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self.output.reasoning_tokens},
                 "total_tokens": usage["total_tokens"],
             }
             if done

@@ -71,11 +71,17 @@ class ModelTokenizer:
         return _clean_up_tokenization(text) if self._clean_up_spaces else text
 
     def render_chat(
-        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """The prompt text for `messages`, by default ending where the assistant's answer starts."""
+        """The prompt text for `messages`, by default ending where the assistant's answer starts;
+        `template_kwargs` are more variables for the template (vLLM's chat_template_kwargs, e.g. Qwen3's
+        `enable_thinking`)."""
         try:
-            return self._render(messages, tools, add_generation_prompt)
+            return self._render(messages, tools, add_generation_prompt, template_kwargs or {})
         except Exception as exc:  # noqa: BLE001 - a template that raises on these messages (jinja2 errors)
             raise bad_request(f"the model's chat template rejected the messages: {exc}", "messages") from None
 
@@ -83,8 +89,11 @@ class ModelTokenizer:
         """One token's text, special tokens written out (OpenAI's logprobs, /tokenize's token_strs)."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
-        """transformers' apply_chat_template(messages, tools, add_generation_prompt, tokenize=False)."""
+    def _render(
+        self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, template_kwargs: dict
+    ) -> str:
+        """transformers' apply_chat_template(messages, tools, add_generation_prompt, tokenize=False,
+        **template_kwargs)."""
         source = self._template_source(tools)
         if not messages:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
@@ -105,7 +114,7 @@ class ModelTokenizer:
             tools=_plain_template_data(tools),
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **self.special_tokens,
+            **{**self.special_tokens, **_plain_template_data(template_kwargs)},
         )
 
     def _template_source(self, tools: list[dict] | None) -> str:

@@ -168,8 +168,8 @@ def _tool(tool: Any, param: str) -> Tool:
 
 
 def conversation(messages: list[dict], tool_calling: ToolCalling | None) -> list[dict]:
-    """The messages as plain role/content turns: the tool listing in the system message, earlier assistant
-    tool calls and `tool` results written out in the call format."""
+    """The messages as plain role/content turns (an assistant's reasoning_content kept): the tool listing in the
+    system message, earlier assistant tool calls and `tool` results written out in the call format."""
     out = []
     for message in messages:
         if message["role"] == "tool":
@@ -179,6 +179,8 @@ def conversation(messages: list[dict], tool_calling: ToolCalling | None) -> list
             out.append({"role": "assistant", "content": "\n".join(filter(None, [message.get("content"), calls]))})
         else:
             out.append({"role": message["role"], "content": message["content"]})
+        if message["role"] == "assistant" and message.get("reasoning_content"):
+            out[-1]["reasoning_content"] = message["reasoning_content"]  # the template decides whether to show it
     if tool_calling is not None:
         if out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{tool_calling.system_prompt()}"}
@@ -200,7 +202,8 @@ def _written_call(call: dict) -> str:
 class ToolCallParser:
     """Splits one choice's text, fed in pieces as it streams, into content and completed tool calls. Text that
     may be the start of a call is held back until it is known; a call whose JSON does not parse, or names a
-    function that was not offered, stays in the content as written."""
+    function that was not offered, stays in the content as written; a call that max_tokens cut off is dropped
+    (`finish(cut=True)`)."""
 
     def __init__(self, names: set[str]):
         self.names = names
@@ -236,9 +239,10 @@ class ToolCallParser:
             pieces.append(CALL_OPEN + body + CALL_CLOSE if call is None else call)
         return [p for p in pieces if p]
 
-    def finish(self) -> str:
-        """The text still held back (an unfinished call stays content)."""
-        rest = (CALL_OPEN if self._in_call else "") + self._pending
+    def finish(self, cut: bool = False) -> str:
+        """The text still held back: an unfinished call stays content, unless `cut` (max_tokens ended the text
+        inside it): a call cut off, or the start of its opening tag, is dropped, never shown as raw markup."""
+        rest = "" if cut else (CALL_OPEN if self._in_call else "") + self._pending
         self._pending, self._in_call = "", False
         return rest
 

@@ -3,8 +3,9 @@
 Every generation is sent with `stream: true`, so the model answers once per engine step with each sample's
 new text, token ids and (when asked) logprobs; a non-streaming OpenAI request is the same deltas gathered.
 The model sends its additional outputs as Triton's vLLM backend does (docs/interface.md): only those asked
-for (finish reason, token counts, logprobs), the finish reason as "None" until the sample's last response,
-`num_output_tokens` counting the response's tokens, logprobs in vLLM's per-token `{"<id>": {...}}` shape;
+for (finish reason, token counts, the prompt tokens the prefix cache served, logprobs), the finish reason as
+"None" until the sample's last response, `num_output_tokens` counting the response's tokens, logprobs in
+vLLM's per-token `{"<id>": {...}}` shape;
 backend/protocol/triton_response.py reads a response back (the client reads it with the same decoder).
 The Triton request is known to be complete when every one of its `n` samples has sent a finish reason (or an
 error arrives). Leaving the iteration early (the HTTP client went away, the handler was cancelled) cancels
@@ -60,6 +61,7 @@ class SampleDelta:
     logprobs: list[dict] | None  # per token: {"token_id", "logprob", "top_logprobs": {id: logprob}}
     # the prompt's tokens in the same shape, None first; only in the first delta, when prompt_logprobs was asked
     prompt_logprobs: list[dict | None] | None = None
+    num_cached_tokens: int = 0  # of num_input_tokens, those whose KV the engine's prefix cache served
 
 
 class EngineError(Exception):
@@ -166,6 +168,7 @@ def _inputs(prompt: str | list[int], sampling: dict) -> list:
         "return_finish_reason",
         "return_num_input_tokens",
         "return_num_output_tokens",
+        "return_num_cached_tokens",
     ) + tuple(flag for key, flag in wanted.items() if sampling.get(key) is not None)
     if isinstance(prompt, str):
         tensors = [_tensor("text_input", np.array([prompt.encode()], dtype=object))]
@@ -205,6 +208,7 @@ def _deltas(result, top: int | None, prompt_top: int | None, totals: dict[int, i
                 finish_reason=sample.finish_reason,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs if i == 0 else None,
+                num_cached_tokens=response.num_cached_tokens or 0,
             )
         )
     return out

@@ -5,7 +5,7 @@ tritonserver is restarted with bounded back-off when it exits unexpectedly or a 
 
     llm-serve [--model-repository model_repository]
               [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-              [--openai-port 9000] [--openai-host ADDR] [--no-frontend]
+              [--openai-port 9000] [--openai-host ADDR] [--reasoning-parser auto] [--no-frontend]
 
 Port defaults also come from the environment variables HTTP_PORT / GRPC_PORT / METRICS_PORT / OPENAI_PORT.
 The server's model-repository, model-config, shared-memory, trace and logging APIs are restricted to requests
@@ -109,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         help="bind address for all endpoints (default 127.0.0.1; 0.0.0.0 for all interfaces)",
     )
     ap.add_argument(
+        "--reasoning-parser",
+        default=os.environ.get("REASONING_PARSER", "auto"),
+        help="the front door's reasoning parser: auto (default), qwen3, deepseek_r1 or none (docs/frontend.md)",
+    )
+    ap.add_argument(
         "--openai-host",
         default=os.environ.get("OPENAI_HOST") or None,
         help="bind address of the front door alone (default: --host), e.g. 0.0.0.0 in a container "
@@ -176,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.openai_host or args.host,
             metrics_url=f"http://{h}:{args.metrics_port}/metrics",
             model_dir=model_dir,
+            extra_args=("--reasoning-parser", args.reasoning_parser),
         )
     )
 

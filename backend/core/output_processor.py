@@ -167,6 +167,7 @@ class OutputProcessor:
             prompt_logprobs,
             context_logits,
             dataclasses.replace(request.stats),
+            request.num_cached_tokens or 0,
         )
 
 

@@ -137,6 +137,7 @@ class RequestOutput:
     prompt_logprobs: list[dict | None] | None = None  # once, in the first output after the prompt is computed
     context_logits: list[torch.Tensor] | None = None  # the same: chunks of [positions, V] covering the prompt
     stats: RequestStats | None = None  # the request's statistics when this output was made (a copy)
+    num_cached_tokens: int = 0  # prompt tokens whose KV the prefix cache served (`Request.num_cached_tokens`)
 
     def followed_by(self, later: RequestOutput) -> RequestOutput:
         """This output and the next one of the same request as one response (a stream's deltas concatenate)."""
@@ -154,6 +155,7 @@ class RequestOutput:
             self.prompt_logprobs or later.prompt_logprobs,
             self.context_logits or later.context_logits,
             later.stats,
+            later.num_cached_tokens,
         )
 
 
@@ -225,6 +227,9 @@ class Request:
     context_logits: list[torch.Tensor] | None = None
     prompt_outputs_sent: bool = False  # prompt_logprobs and context_logits went out
     stats: RequestStats = field(default_factory=RequestStats)
+    # prompt tokens whose KV came from the prefix cache (its full cached blocks x block size) at the request's
+    # first admission; None until then. A preempted sequence readmitted later does not change it.
+    num_cached_tokens: int | None = None
     lora_name: str | None = None  # the LoRA adapter it asks for (None: the base model)
     adapter: LoraAdapter | None = None  # that adapter, held from admission until the request finishes
     key: int = field(default_factory=lambda: next(_request_keys))  # unique in this process, unlike request_id

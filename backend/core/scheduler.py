@@ -116,6 +116,8 @@ class Scheduler:
             self.waiting.remove(seq)
             self.block_manager.admit(seq, cached)
             seq.num_computed_tokens = seq.num_cached_prompt_tokens
+            if request.num_cached_tokens is None:  # its first admission: what usage reports as cached
+                request.num_cached_tokens = seq.num_cached_prompt_tokens
             self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

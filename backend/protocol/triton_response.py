@@ -41,6 +41,7 @@ class TritonResponse:
     num_input_tokens: int | None
     prompt_logprobs: list[dict | None] | None  # vLLM's shape, None first; only in the response that carries them
     raw: dict[str, list] = field(default_factory=dict)  # every output as a flat list of python values
+    num_cached_tokens: int | None = None  # prompt tokens the prefix cache served; None unless asked for
 
 
 def flat_values(value: Any) -> list:
@@ -84,6 +85,7 @@ def decode_response(outputs: Mapping[str, Any]) -> TritonResponse:
         num_input_tokens=at("num_input_tokens", 0, int),
         prompt_logprobs=at("prompt_logprobs", 0, json.loads),
         raw=raw,
+        num_cached_tokens=at("num_cached_tokens", 0, int),
     )
 
 

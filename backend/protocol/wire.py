@@ -47,6 +47,7 @@ OPTIONAL_OUTPUTS = (
     "logprobs",
     "num_input_tokens",
     "num_output_tokens",
+    "num_cached_tokens",
     "prompt_logprobs",
     "perf_metrics",
     "context_logits",
@@ -69,6 +70,7 @@ OUTPUTS = {
     "finish_reason": (BYTES, VECTOR),
     "num_input_tokens": (UINT32, SCALAR),
     "num_output_tokens": (UINT32, VECTOR),
+    "num_cached_tokens": (UINT32, SCALAR),  # prompt tokens whose KV the prefix cache served (ours)
     "sample_index": (INT32, VECTOR),
     "cumulative_logprob": (FP32, VECTOR),
     "logprobs": (BYTES, VECTOR),

@@ -99,6 +99,7 @@ def response_arrays(
         ),
         "num_input_tokens": lambda: np.array([output.num_input_tokens], dtype=np.uint32),
         "num_output_tokens": lambda: np.array([len(s.token_ids) for s in samples], dtype=np.uint32),
+        "num_cached_tokens": lambda: np.array([output.num_cached_tokens], dtype=np.uint32),
         "prompt_logprobs": lambda: texts([json.dumps(prompt_logprobs(output.prompt_logprobs, token_text))]),
         "perf_metrics": lambda: texts([json.dumps(output.stats.as_dict())]),
         "context_logits": lambda: None if output.context_logits is None else torch.cat(output.context_logits).numpy(),

@@ -1,7 +1,8 @@
 """The Responses API (`POST /v1/responses`) through the real stack and the official `openai` SDK: greedy text
 equal to /v1/chat/completions for the same messages, whole and streamed; a forced tool call, whole and
 streamed, and the conversation going on with its output items; a text.format JSON schema answer that parses and
-fits; the stateless refusals. Every answer is short, and no KV block is left behind."""
+fits; a call cut off by max_output_tokens an incomplete Response (and chat's `length`) without raw markup; the
+stateless refusals. Every answer is short, and no KV block is left behind."""
 
 from __future__ import annotations
 
@@ -119,6 +120,38 @@ def test_a_forced_tool_call_whole_and_streamed_and_the_conversation_going_on(ser
         max_output_tokens=8,
     )
     assert answer.output[0].type == "message" and answer.output_text
+    blocks_back_to_zero(server)
+
+
+def test_a_call_cut_off_by_max_tokens_is_incomplete_never_raw_markup(server, client):
+    """tool_choice required and too few tokens for the call: the Response is incomplete (max_output_tokens) with
+    no markup in it; chat's answer is finish_reason length with no markup in content, whole and streamed."""
+    kw = dict(model=MODEL, input=TIME_QUESTION, tools=[TOOL], tool_choice="required", temperature=0)
+    whole = client.responses.create(**kw, max_output_tokens=5)
+    assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
+    assert "<tool_call" not in whole.model_dump_json() and whole.output_text == ""
+    events = list(client.responses.create(**kw, max_output_tokens=5, stream=True))
+    assert events[-1].type == "response.incomplete" and events[-1].response.incomplete_details.reason == (
+        "max_output_tokens"
+    )
+    assert not any("<tool_call" in event.model_dump_json() for event in events)
+
+    chat_tool = {"type": "function", "function": {k: v for k, v in TOOL.items() if k != "type"}}
+    chat_kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": TIME_QUESTION}],
+        tools=[chat_tool],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=5,
+    )
+    answer = client.chat.completions.create(**chat_kw)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
+    assert "<tool_call" not in (choice.message.content or "")
+    chunks = list(client.chat.completions.create(**chat_kw, stream=True))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "<tool_call" not in content and [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     blocks_back_to_zero(server)
 
 

@@ -67,15 +67,15 @@ class ScriptedLLM:
                 raise EngineError(self.fail_after)
 
 
-def sdk_runner(monkeypatch, make_client: Callable[[str], object], **settings) -> Callable:
-    """run(test): test(client) with `make_client(the app's URL)`, the app served with ScriptedLLM (reset) and
-    `settings` (Settings' fields)."""
+def sdk_runner(monkeypatch, make_client: Callable[[str], object], tokenizer=None, **settings) -> Callable:
+    """run(test): test(client) with `make_client(the app's URL)`, the app served with ScriptedLLM (reset),
+    `tokenizer` (default the stand-in above) and `settings` (Settings' fields)."""
     ScriptedLLM.reset()
     monkeypatch.setattr(app_module, "TritonLLM", ScriptedLLM)
 
     def run(test):
         async def main():
-            app = create_app(Settings("unused:1", SERVED, "unused", **settings), Tokenizer())
+            app = create_app(Settings("unused:1", SERVED, "unused", **settings), tokenizer or Tokenizer())
             server = TestServer(app, handler_cancellation=True)
             await server.start_server()
             client = make_client(str(server.make_url("")).rstrip("/"))

@@ -27,8 +27,18 @@ def entry(token_id, logprob, rank, top=None) -> dict:
     return e
 
 
-def output(samples, num_input=4, context_logits=None) -> RequestOutput:
-    return RequestOutput("r", samples, num_input, False, None, 1, context_logits=context_logits, stats=RequestStats())
+def output(samples, num_input=4, context_logits=None, cached=0) -> RequestOutput:
+    return RequestOutput(
+        "r",
+        samples,
+        num_input,
+        False,
+        None,
+        1,
+        context_logits=context_logits,
+        stats=RequestStats(),
+        num_cached_tokens=cached,
+    )
 
 
 def text_of(token_id, skip_special_tokens=True) -> str:
@@ -54,7 +64,7 @@ def test_a_response_holds_only_the_outputs_asked_for():
     logprobs = [entry(7, -0.1, 1, {7: -0.1}), entry(9, -1.0, 2, {4: -0.5})]
     sample = SampleOutput(0, "ab", [7, 9], None, 5, logprobs, -1.1, rows)
     context = [torch.zeros(3, 6), torch.ones(1, 6)]  # two prefill chunks of a 4-token prompt
-    with_prompt = output([sample], context_logits=context)
+    with_prompt = output([sample], context_logits=context, cached=2)
     assert set(response_arrays(with_prompt, [sample], frozenset(), text_of)) == ALWAYS
     for name in OPTIONAL_OUTPUTS:
         assert set(response_arrays(with_prompt, [sample], frozenset({name}), text_of)) == ALWAYS | {name}
@@ -67,6 +77,7 @@ def test_a_response_holds_only_the_outputs_asked_for():
     assert arrays["finish_reason"].tolist() == [b"None"]  # until the sample finishes
     assert arrays["num_output_tokens"].tolist() == [2] and arrays["num_output_tokens"].dtype == np.uint32
     assert arrays["num_input_tokens"].tolist() == [4]
+    assert arrays["num_cached_tokens"].tolist() == [2] and arrays["num_cached_tokens"].dtype == np.uint32
     assert arrays["cumulative_logprob"].dtype == np.float32 and arrays["cumulative_logprob"][0] == pytest.approx(-1.1)
     logprobs = json.loads(arrays["logprobs"][0])
     assert len(logprobs) == 2 and list(logprobs[1]) == ["9", "4"]

@@ -185,8 +185,8 @@ def test_count_tokens_renders_the_prompt_as_messages_does():
             "must be of type ['text', 'tool_result']",
         ),
         (
-            {"messages": [*HI, {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]}]},
-            "an assistant message's content blocks must be of type ['text', 'tool_use']",
+            {"messages": [*HI, {"role": "assistant", "content": [{"type": "image", "source": {}}]}]},
+            "content blocks must be of type ['redacted_thinking', 'text', 'thinking', 'tool_use']",
         ),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]}, "text must be a string"),
         ({"messages": [*HI, {"role": "assistant", "content": "Sure. "}]}, "cannot end with trailing whitespace"),
@@ -198,7 +198,8 @@ def test_count_tokens_renders_the_prompt_as_messages_does():
         ({"stop_sequences": [""]}, "stop_sequences must be an array of non-empty strings"),
         ({"stop_sequences": ["s"] * 17}, "stop_sequences: stop takes at most 16 strings"),
         ({"metadata": {"tags": "x"}}, "it takes only user_id"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking is not supported"),
+        ({"thinking": {"type": "adaptive"}}, 'thinking must be {"type": "disabled"} or {"type": "enabled"'),
+        ({"thinking": {"type": "enabled", "budget_tokens": "1k"}}, 'thinking must be {"type": "disabled"}'),
         ({"output_config": {"format": {}}}, "'output_config' is not supported"),
         ({"n": 2}, "unrecognized request argument 'n'"),
         ({"tool_choice": "auto", "tools": [TOOL]}, "tool_choice must be an object"),
@@ -274,8 +275,8 @@ def test_tool_calls_become_tool_use_blocks():
     assert call_deltas == [{"type": "input_json_delta", "partial_json": '{"city": "Oslo"}'}]
     assert content.stop_reason("stop") == "tool_use" and content.stop_reason("length") == "max_tokens"
     cut = MessageContent(tools)
-    cut.feed(call_text("get_weather", {"city": "Oslo"})[:20], "length")  # a call cut off stays text
-    assert cut.blocks == [{"type": "text", "text": call_text("get_weather", {"city": "Oslo"})[:20]}]
+    cut.feed("Checking. " + call_text("get_weather", {"city": "Oslo"})[:20], "length")  # max_tokens cut the call
+    assert cut.blocks == [{"type": "text", "text": "Checking. "}]  # dropped: no raw markup in the text
 
 
 # ------------------------------------------------------------------------------------------------- errors

@@ -36,6 +36,7 @@ class FakeLLM:
     tokens = 3
     fail: str | None = None  # an engine error to raise before the first delta
     delay_s = 0.0
+    cached = 0  # every delta's num_cached_tokens
 
     def __init__(self, url):
         self.prompts: list[tuple[str, dict]] = []
@@ -74,7 +75,8 @@ class FakeLLM:
                 await asyncio.sleep(self.delay_s)
                 for i in range(n):
                     last = step == self.tokens - 1
-                    yield SampleDelta(i, f"t{step}", [step], 4, step + 1, "length" if last else None, None)
+                    reason = "length" if last else None
+                    yield SampleDelta(i, f"t{step}", [step], 4, step + 1, reason, None, num_cached_tokens=self.cached)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
@@ -83,7 +85,7 @@ class FakeLLM:
 @pytest.fixture
 def front_door(monkeypatch):
     FakeLLM.instances.clear()
-    FakeLLM.tokens, FakeLLM.fail, FakeLLM.delay_s = 3, None, 0.0
+    FakeLLM.tokens, FakeLLM.fail, FakeLLM.delay_s, FakeLLM.cached = 3, None, 0.0, 0
     FakeLLM.adapters = {"alpha": "/adapters/alpha"}
     monkeypatch.setattr(app_module, "TritonLLM", FakeLLM)
 
@@ -122,7 +124,12 @@ def test_whole_and_streamed_answers(front_door):
             )
             body = json.loads(text)
             assert status == 200 and [c["message"]["content"] for c in body["choices"]] == ["t0t1t2"] * 2
-            assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+            assert body["usage"] == {
+                "prompt_tokens": 4,
+                "completion_tokens": 6,
+                "total_tokens": 10,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
             assert FakeLLM.instances[0].prompts[0] == ("hi", {"n": 2, "max_tokens": 256})
 
             status, text = await _post(
@@ -136,6 +143,50 @@ def test_whole_and_streamed_answers(front_door):
             chunks = [json.loads(e) for e in events[:-1]]
             assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "t0t1t2"
             assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+        await server.close()
+
+    run(main())
+
+
+def sse_data(text: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def test_every_route_reports_the_prompt_tokens_the_prefix_cache_served(front_door):
+    FakeLLM.cached = 2  # of the 4 prompt tokens
+
+    async def main():
+        server = await front_door()
+        hi = [{"role": "user", "content": "hi"}]
+        routes = {
+            "/v1/chat/completions": {"messages": hi},
+            "/v1/completions": {"prompt": ["p", "q"]},
+            "/v1/responses": {"input": "hi"},
+            "/v1/messages": {"messages": hi, "max_tokens": 3},
+        }
+        async with aiohttp.ClientSession() as session:
+            for path, body in routes.items():
+                body = {"model": "llm", **body}
+                status, whole = await _post_json(session, server, path, body)
+                assert status == 200, whole
+                stream = {**body, "stream": True}
+                if path in ("/v1/chat/completions", "/v1/completions"):
+                    stream["stream_options"] = {"include_usage": True}
+                status, text = await _post(session, server, path, stream)
+                assert status == 200, text
+                events = sse_data(text)
+                prompts = 2 if path == "/v1/completions" else 1
+                if path == "/v1/responses":
+                    usages = [whole["usage"], events[-1]["response"]["usage"]]
+                    assert [u["input_tokens_details"]["cached_tokens"] for u in usages] == [2, 2]
+                    assert [u["input_tokens"] for u in usages] == [4, 4]
+                elif path == "/v1/messages":
+                    usages = [whole["usage"], events[0]["message"]["usage"], events[-2]["usage"]]
+                    assert [(u["input_tokens"], u["cache_read_input_tokens"]) for u in usages] == [(2, 2)] * 3
+                else:
+                    usages = [whole["usage"], events[-1]["usage"]]
+                    assert [u["prompt_tokens_details"] for u in usages] == [{"cached_tokens": 2 * prompts}] * 2
+                    assert [u["prompt_tokens"] for u in usages] == [4 * prompts] * 2
         await server.close()
 
     run(main())

@@ -257,3 +257,28 @@ def test_no_chat_template_is_refused_at_start(tmp_path):
         ModelTokenizer(folder)
     with pytest.raises(ValueError, match="has no chat template"):
         ModelTokenizer(model_folder(tmp_path, "empty", SPECIALS, {"chat_template.jinja": ""}))
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    "{{ bos_token if keep_bos else '' }}"
+)
+
+
+def test_chat_template_kwargs_as_transformers_passes_them(tmp_path):
+    """vLLM's chat_template_kwargs: more template variables (Qwen3's enable_thinking), overriding special tokens."""
+    ours, theirs = pair(model_folder(tmp_path, "thinking", {**SPECIALS, "chat_template": THINKING_TEMPLATE}))
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "reasoning_content": "be nice"},
+        {"role": "user", "content": "again"},
+    ]
+    for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True}, {"keep_bos": 1, "bos_token": "<B>"}):
+        rendered = ours.render_chat(messages, template_kwargs=kwargs)
+        assert rendered == theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    assert ours.render_chat(messages, template_kwargs={"enable_thinking": False}).endswith("<think>\n\n</think>\n\n")
+    # through the chat path: an assistant message's reasoning_content reaches the template
+    assert "<think>be nice</think>" in ours.render_chat(conversation(chat_messages(messages), None))

@@ -124,10 +124,58 @@ def test_chat_answers_carry_tool_calls_and_finish_reason_tool_calls():
     cut = chat_format().whole_choice(0, Choice(text=TEXT[:40], finish_reason="length"))
     assert cut == {
         "index": 0,
-        "message": {"role": "assistant", "content": TEXT[:40]},
+        "message": {"role": "assistant", "content": "Let me check. "},  # the call max_tokens cut off is dropped
         "logprobs": None,
         "finish_reason": "length",
     }
+
+
+def test_a_held_back_call_start_is_content_unless_max_tokens_cut_it():
+    for text in ["a <tool_", "a <tool_call>", 'a <tool_call>\n{"name": "get_time"']:
+        parser = ToolCallParser({"get_time"})
+        assert parser.feed(text) == ("a ", [])
+        assert parser.finish(cut=True) == ""
+        parser = ToolCallParser({"get_time"})
+        assert parser.feed(text)[0] + parser.finish() == text
+
+
+def forced(choice: object = "required") -> ChatFormat:
+    fmt = chat_format()
+    fmt.generation.tool_calling = parse_tool_calling({"tools": TOOLS, "tool_choice": choice})
+    return fmt
+
+
+def streamed_choices(fmt: ChatFormat, text: str, reason: str, size: int = 5) -> list[dict]:
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    return [
+        fmt.delta_choice(0, SampleDelta(0, p, [1], 3, i + 1, reason if i == len(pieces) - 1 else None, None))
+        for i, p in enumerate(pieces)
+    ]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_off_by_max_tokens_is_length_with_no_markup(choice):
+    cut = call_text("get_weather", {"city": "Oslo", "days": 2})[:30]
+    whole = forced(choice).whole_choice(0, Choice(text=cut, finish_reason="length"))
+    assert whole["finish_reason"] == "length" and "tool_calls" not in whole["message"]
+    assert whole["message"]["content"] == ""
+    chunks = streamed_choices(forced(choice), cut, "length")
+    assert all(set(chunk["delta"]) <= {"content"} for chunk in chunks)
+    assert "".join(chunk["delta"].get("content", "") for chunk in chunks) == ""
+    assert [chunk["finish_reason"] for chunk in chunks][-1] == "length"
+
+
+def test_calls_before_the_one_max_tokens_cut_stay_calls():
+    first = call_text("get_weather", {"city": "Oslo", "days": 2})
+    text = first + "\n" + call_text("get_time", {})[:20]
+    whole = forced().whole_choice(0, Choice(text=text, finish_reason="length"))
+    assert whole["finish_reason"] == "length" and whole["message"]["content"] is None
+    assert [c["function"]["name"] for c in whole["message"]["tool_calls"]] == ["get_weather"]
+    chunks = streamed_choices(forced(), text, "length")
+    calls = [c for chunk in chunks for c in chunk["delta"].get("tool_calls", [])]
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert "".join(chunk["delta"].get("content", "") for chunk in chunks) == ""
+    assert chunks[-1]["finish_reason"] == "length"
 
 
 def test_streamed_chat_deltas_carry_each_call_once_it_is_complete():

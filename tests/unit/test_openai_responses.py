@@ -29,8 +29,8 @@ def generation(**kw) -> Generation:
     return Generation(**values)
 
 
-def delta(index=0, text="a", ids=(5,), reason=None, n_in=3, n_out=1, logprobs=None) -> SampleDelta:
-    return SampleDelta(index, text, list(ids), n_in, n_out, reason, logprobs)
+def delta(index=0, text="a", ids=(5,), reason=None, n_in=3, n_out=1, logprobs=None, cached=0) -> SampleDelta:
+    return SampleDelta(index, text, list(ids), n_in, n_out, reason, logprobs, num_cached_tokens=cached)
 
 
 LOGPROBS = [
@@ -44,8 +44,13 @@ def test_usage_counts_each_prompt_once_and_every_choice():
     usage.add(0, 0, delta(n_in=3, n_out=1))
     usage.add(0, 1, delta(index=1, n_in=3, n_out=2))
     usage.add(0, 0, delta(n_in=3, n_out=4))  # later deltas carry the running count
-    usage.add(1, 2, delta(n_in=5, n_out=1))
-    assert usage.body() == {"prompt_tokens": 8, "completion_tokens": 7, "total_tokens": 15}
+    usage.add(1, 2, delta(n_in=5, n_out=1, cached=4))
+    assert usage.body() == {
+        "prompt_tokens": 8,
+        "completion_tokens": 7,
+        "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 4},  # each prompt's cache hits once, whatever n
+    }
 
 
 def test_chat_whole_answer_with_logprobs():

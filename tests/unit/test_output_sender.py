@@ -19,7 +19,7 @@ def request(on_output=lambda o: None, is_cancelled=lambda: False, rid="r") -> Re
 
 def delta(req, text, ids, index=0, finished=False, reason=None, logprobs=None) -> RequestOutput:
     sample = SampleOutput(index, text, ids, reason, len(ids), logprobs)
-    return RequestOutput(req.request_id, [sample], 2, finished, None, req.key)
+    return RequestOutput(req.request_id, [sample], 2, finished, None, req.key, num_cached_tokens=1)
 
 
 def wait_until(predicate) -> bool:
@@ -41,7 +41,7 @@ def test_merge_concatenates_the_deltas_of_each_sample_in_order():
     merged = merge_outputs(outputs)
     assert [o.request_id for o in merged] == ["a", "b"]
     first = merged[0]
-    assert first.finished
+    assert first.finished and first.num_cached_tokens == 1  # the request's, carried through the merge
     s0, s1 = first.samples
     assert (s0.text, s0.token_ids, s0.finish_reason) == ("Hello", [1, 2, 4], FinishReason.STOP)
     assert s0.logprobs == [{"t": 1}, {"t": 2}, {"t": 4}]

@@ -170,7 +170,7 @@ def test_text_format_becomes_a_structured_output_key():
         ({"input": []}, "input", None),
         ({"input": ""}, "input", None),
         ({"input": 5}, "input", None),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "unsupported_parameter"),
+        ({"input": [{"type": "item_reference", "id": "rs_1"}]}, "input[0].type", "unsupported_parameter"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", None),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pydantic
+import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from frontend.errors import APIError
@@ -106,8 +107,29 @@ def test_forced_calls_drop_the_newlines_between_them():
     calls = [call_text("get_weather", {"city": c}) for c in ("Oslo", "Rome")]
     answer, _ = run_answer([calls[0], "\n", calls[1]], tools=[TOOL], tool_choice="required")
     assert [item["type"] for item in answer.body()["output"]] == ["function_call", "function_call"]
-    cut, _ = run_answer([calls[0][:20]], reason="length", tools=[TOOL], tool_choice="required")
-    assert cut.body()["output"][0]["content"][0]["text"] == calls[0][:20]  # a cut-off call stays text
+
+
+@pytest.mark.parametrize("pieces", [1, 4])
+def test_a_call_cut_off_by_max_output_tokens_is_an_incomplete_response_without_markup(pieces):
+    text = call_text("get_weather", {"city": "Oslo"})[:24]  # tool_choice required, max_output_tokens reached
+    size = -(-len(text) // pieces)
+    chunks = [text[i : i + size] for i in range(0, len(text), size)]
+    cut, events = run_answer(chunks, reason="length", tools=[TOOL], tool_choice="required", max_output_tokens=4)
+    body = cut.body()
+    assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [(item["type"], item["status"]) for item in body["output"]] == [("message", "incomplete")]
+    assert body["output"][0]["content"][0]["text"] == ""  # the cut call is dropped, never shown as text
+    assert "<tool_call>" not in json.dumps(events)
+    assert events[-1]["type"] == "response.incomplete" and events[-1]["response"] == body
+
+
+def test_calls_before_the_one_max_output_tokens_cut_stay_function_calls():
+    first = call_text("get_weather", {"city": "Oslo"})
+    texts = [first, "\n", call_text("get_weather", {"city": "Rome"})[:20]]
+    cut, events = run_answer(texts, reason="length", tools=[TOOL], tool_choice="required")
+    body = cut.body()
+    assert body["status"] == "incomplete" and [item["type"] for item in body["output"]] == ["function_call"]
+    assert json.loads(body["output"][0]["arguments"]) == {"city": "Oslo"} and "<tool_call>" not in json.dumps(events)
 
 
 def test_a_failure_mid_stream_is_an_error_event_then_response_failed():

@@ -39,6 +39,7 @@ def test_a_response_of_several_samples_reads_one_row_each():
             "sample_index": np.array([0, 1], dtype=np.int32),
             "finish_reason": texts("stop", NO_FINISH_REASON),
             "num_input_tokens": np.array([6], dtype=np.uint32),
+            "num_cached_tokens": np.array([4], dtype=np.uint32),
             "num_output_tokens": np.array([1, 2], dtype=np.uint32),
             "cumulative_logprob": np.array([-0.5, -0.75], dtype=np.float32),
             "logprobs": texts(json.dumps([vllm]), "null"),
@@ -49,7 +50,7 @@ def test_a_response_of_several_samples_reads_one_row_each():
         SampleRow(0, "x", [3], "stop", 1, -0.5, [vllm]),
         SampleRow(1, "yz", [4, 5], None, 2, -0.75, None),
     ]
-    assert response.num_input_tokens == 6 and response.prompt_logprobs is None
+    assert response.num_input_tokens == 6 and response.num_cached_tokens == 4 and response.prompt_logprobs is None
     assert response.raw["output_ids"] == [3, -1, 4, 5] and response.raw["finish_reason"] == ["stop", "None"]
 
 
@@ -61,6 +62,7 @@ def test_json_values_and_outputs_not_sent():
     assert (response.samples[0].index, response.samples[0].finish_reason, response.num_input_tokens) == (2, None, 3)
     empty = decode_response({})  # the empty final response
     assert (empty.samples, empty.num_input_tokens, empty.prompt_logprobs, empty.raw) == ([], None, None, {})
+    assert response.num_cached_tokens is None and empty.num_cached_tokens is None  # not asked for
 
 
 def test_logprobs_read_back_by_rank():
