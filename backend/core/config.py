@@ -47,6 +47,9 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_blocks: int = 0  # 0: derive from kv_cache_memory_bytes
     kv_cache_memory_bytes: int = 256 * 1024 * 1024
+    # what the KV cache holds: "auto" the model's dtype (float32 for an fp32 model: exact), or "float32", or
+    # "float16" / "bfloat16" (half the bytes per token; keys and values rounded when written, so not exact)
+    kv_cache_dtype: str = "auto"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_model_len: int = 0  # 0: the model's own limit
@@ -119,7 +122,11 @@ class EngineConfig:
                 raise ConfigError(f"parameter {name!r}: {exc}") from None
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ConfigError(f"parameter 'device' must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        for name, allowed in (("dtype", ("auto", *_DTYPES)), ("draft_dtype", _DTYPES)):
+        for name, allowed in (
+            ("dtype", ("auto", *_DTYPES)),
+            ("draft_dtype", _DTYPES),
+            ("kv_cache_dtype", ("auto", *_DTYPES)),
+        ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"parameter '{name}' must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if self.model_impl not in MODEL_IMPLS:

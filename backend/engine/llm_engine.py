@@ -62,8 +62,9 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or shape.max_model_len, shape.max_model_len)
         self.max_prompt_bytes = config.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_model_len
         self.faults = FaultInjector(config.fault_injection)
+        kv_dtype = config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
         num_blocks = config.kv_cache_blocks or config.kv_cache_memory_bytes // (
-            shape.kv_bytes_per_token(DTYPES[config.dtype]) * config.block_size
+            shape.kv_bytes_per_token(DTYPES[kv_dtype]) * config.block_size
         )
         if num_blocks < 1:
             raise ConfigError("parameter 'kv_cache_memory_bytes' is too small for a single KV block")
@@ -79,6 +80,7 @@ class LLMEngine:
                 config.max_lowbit_rows,
                 self.threads,
                 config.max_num_batched_tokens,
+                kv_dtype,
             )
         except MemoryError as exc:
             raise ConfigError(str(exc)) from None
@@ -107,11 +109,13 @@ class LLMEngine:
         self._reported_prefix = (0, 0)
         capacity = num_blocks * config.block_size
         log.info(
-            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB); max concurrency for %d-token sequences: %.2fx",
+            "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB of %s); max concurrency for %d-token sequences: "
+            "%.2fx",
             num_blocks,
             config.block_size,
             capacity,
             self.runner.kv_cache.numel() * self.runner.kv_cache.element_size() / 2**20,
+            kv_dtype,
             self.max_model_len,
             capacity / self.max_model_len,
         )

@@ -74,7 +74,8 @@ class ForwardItem:
 class ModelRunner:
     """`model_impl`: "fused" runs the Llama-family fast path (`fused_llama.py`), "hf" Hugging Face's own
     modules with our attention plugged in, "auto" the fused path where it supports the model. Each pass computes
-    on `threads` threads (0: torch's current count)."""
+    on `threads` threads (0: torch's current count). The KV cache holds `kv_dtype` (None: the model's dtype);
+    attention computes in the model's dtype whatever the cache holds."""
 
     def __init__(
         self,
@@ -88,10 +89,12 @@ class ModelRunner:
         max_lowbit_rows: int = 0,
         threads: int = 0,
         step_tokens: int = 512,
+        kv_dtype: str | None = None,
     ):
         self.threads = threads or torch.get_num_threads()
         kernels.set_threads(self.threads)
         self.dtype = DTYPES[dtype]
+        self.kv_dtype = DTYPES[kv_dtype] if kv_dtype else self.dtype
         self.device = torch.device(device)
         self.block_size = block_size
         model_path = str(model_source.resolve(model_path))
@@ -156,10 +159,10 @@ class ModelRunner:
         cache_shape = (s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim)
         self.memory = "the KV cache on the device"
         if self.device.type == "cpu":
-            self.kv_cache = huge_pages.zeros(cache_shape, self.dtype)
+            self.kv_cache = huge_pages.zeros(cache_shape, self.kv_dtype)
             self.memory = huge_pages.describe()
         else:
-            self.kv_cache = torch.zeros(cache_shape, dtype=self.dtype, device=self.device)
+            self.kv_cache = torch.zeros(cache_shape, dtype=self.kv_dtype, device=self.device)
 
     def _plan(self, config, model_path, from_file, quantization, num_blocks, block_size, step_tokens) -> MemoryPlan:
         """What loading will hold (memory_plan.py), logged, and refused (MemoryError) where it does not fit."""
@@ -172,7 +175,7 @@ class ModelRunner:
                 skeleton = AutoModelForCausalLM.from_config(config)
             numel = sum(p.numel() for p in skeleton.parameters())
             weights = numel * self.dtype.itemsize + (numel * 2 if quantization in KERNEL_KINDS else 0)
-        per_token = s.kv_bytes_per_token(self.dtype)
+        per_token = s.kv_bytes_per_token(self.kv_dtype)
         hidden, attention = config.hidden_size, heads * s.head_dim
         intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
         widths = attention + 2 * s.num_kv_heads * s.head_dim + 2 * attention + 3 * hidden + 3 * intermediate

@@ -42,13 +42,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("dim,contexts", [(64, [1, 13, 300]), (16, [8, 17]), (12, [5, 21])])
-def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, contexts):
+def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, contexts, dtype):
     """Rows of sequences whose blocks are scattered over the cache: each writes its rotated key and its value at
-    its slot and attends over its sequence's positions 0..p (3 query heads per KV head)."""
+    its slot and attends over its sequence's positions 0..p (3 query heads per KV head). A 16-bit cache holds
+    them rounded as torch rounds them (bit for bit), and attention reads them back as float32."""
     g = torch.Generator().manual_seed(dim)
     heads, kv_heads, block, blocks = 6, 2, 16, 64
-    cache = torch.randn(2, blocks, block, kv_heads, dim, generator=g)
+    cache = torch.randn(2, blocks, block, kv_heads, dim, generator=g).to(dtype)
     rows = len(contexts)
     need = [(c + block - 1) // block for c in contexts]
     order = torch.randperm(blocks, generator=g)
@@ -71,9 +73,10 @@ def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, con
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
     for r in range(rows):
         flat = expected_cache.view(2, blocks * block, kv_heads, dim)
-        flat[0, slots[r]] = rotate(k[r].view(kv_heads, dim), cos[r], sin[r])
-        flat[1, slots[r]] = v[r].view(kv_heads, dim)
-    torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0)
+        flat[0, slots[r]] = rotate(k[r].view(kv_heads, dim), cos[r], sin[r]).to(dtype)
+        flat[1, slots[r]] = v[r].view(kv_heads, dim).to(dtype)
+    assert torch.equal(cache.view(torch.uint8), expected_cache.view(torch.uint8))
+    expected_cache = expected_cache.float()
     for r, context in enumerate(contexts):
         where = (tables[r, :, None] * block + torch.arange(block)).flatten()[:context]
         keys = expected_cache[0].view(blocks * block, kv_heads, dim)[where].repeat_interleave(3, 1)  # [C, H, D]

@@ -110,6 +110,25 @@ def test_bf16_runs(tiny_llama):
     assert runner.kv_cache.abs().sum() > 0
 
 
+@pytest.mark.parametrize("model_impl", ["fused", "hf"])
+@pytest.mark.parametrize("kv_dtype,atol", [("float16", 2e-3), ("bfloat16", 2e-2)])
+def test_a_16_bit_kv_cache_holds_the_float32_keys_rounded(tiny_llama, model_impl, kv_dtype, atol):
+    """kv_cache_dtype float16 / bfloat16 on an fp32 model: the first layer's keys and values are the fp32 cache's
+    rounded (bit for bit: nothing before them differs), and the logits of a prefill (torch ops) and of decodes
+    (our kernels on the fused path) stay within the rounding of the fp32 cache's."""
+    exact = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, model_impl=model_impl)
+    half = ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, model_impl=model_impl, kv_dtype=kv_dtype)
+    assert half.kv_cache.dtype == getattr(torch, kv_dtype)
+    assert model_impl == "hf" or half.fused.ops is not None  # decodes on our kernels
+    assert half.memory_plan.kv_cache * 2 == exact.memory_plan.kv_cache
+    prompt = list(range(3, 40))
+    table = scattered_tables(1, 12, seed=5)[0]
+    steps = [ForwardItem(prompt, 0, table, 2)] + [ForwardItem([7 + i], len(prompt) + i, table, 1) for i in range(3)]
+    for item in steps:
+        torch.testing.assert_close(half.forward([item]), exact.forward([item]), rtol=0, atol=atol)
+    assert torch.equal(half.kv_cache[0], exact.kv_cache[0].to(half.kv_cache.dtype))
+
+
 def test_model_shape(tiny_model_factory):
     llama = ModelRunner.read_shape(tiny_model_factory("llama"))
     assert isinstance(llama, ModelShape)

@@ -158,9 +158,9 @@ class DecoderStack {
     const int64_t n = layers(), rows = ids.numel(), vocab = embed_.vocab, table_rows = cos_table.size(0);
     check_rows(cos_table, table_rows, dim_, "cos_table");
     check_rows(sin_table, table_rows, dim_, "sin_table");
-    TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.is_contiguous() && kv_cache.dim() == 6 &&
-                    kv_cache.size(0) >= n && kv_cache.size(4) == kv_heads_ && kv_cache.size(5) == dim_,
-                "kv_cache must be contiguous float32 [layers, 2, blocks, block_size, ", kv_heads_, ", ", dim_, "]");
+    TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.dim() == 6 && kv_cache.size(0) >= n &&
+                    kv_cache.size(4) == kv_heads_ && kv_cache.size(5) == dim_,
+                "kv_cache must be contiguous [layers, 2, blocks, block_size, ", kv_heads_, ", ", dim_, "]");
     const at::Tensor slot = slots.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
     const at::Tensor seq = row_seq.to(at::kLong).contiguous(), tables = block_tables.to(at::kLong).contiguous();
     TORCH_CHECK(slot.numel() == rows && pos.numel() == rows && seq.numel() == rows && tables.dim() == 2,
@@ -170,10 +170,10 @@ class DecoderStack {
       TORCH_CHECK(id[t] >= 0 && id[t] < vocab, "token id ", id[t], " is outside the vocabulary of ", vocab);
       TORCH_CHECK(position[t] >= 0 && position[t] < table_rows, "position ", position[t], " is past the rotary table");
     }
-    const int64_t layer_floats = kv_cache.numel() / kv_cache.size(0);
-    PagedKv kv{nullptr, layer_floats / 2, kv_cache.size(3), heads_, kv_heads_, dim_, tables.size(1),
+    const int64_t layer_elements = kv_cache.numel() / kv_cache.size(0);
+    PagedKv kv{nullptr, layer_elements / 2, kv_cache.size(3), heads_, kv_heads_, dim_, tables.size(1),
                slot.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), seq.data_ptr<int64_t>(),
-               tables.data_ptr<int64_t>(), (float)scale_};
+               tables.data_ptr<int64_t>(), (float)scale_, kv_format_of(kv_cache.scalar_type())};
     const int64_t attention_width = heads_ * dim_;
     // the layer's activations: consecutive [rows, width] slices of one workspace
     const auto options = at::TensorOptions().dtype(at::kFloat);
@@ -200,7 +200,7 @@ class DecoderStack {
       at::Tensor normed_heads;  // Qwen3's head norms: a tensor of its own
       if (!head_norms_.empty())
         normed_heads = head_normed(at::from_blob(qkv, {rows, qkv_width_}, options), i);
-      kv.cache = kv_cache.data_ptr<float>() + i * layer_floats;
+      kv.cache = static_cast<char*>(kv_cache.data_ptr()) + i * layer_elements * kv_cache.element_size();
       rope_paged_attention_into(normed_heads.defined() ? normed_heads.data_ptr<float>() : qkv, cos, sin, rows, kv,
                                 queries, attended);
       p[1].into(attended, rows, projected, isa_);
