@@ -232,6 +232,17 @@ def test_decoder_stack_is_the_python_layer_loop_bit_for_bit(family, tiny_model_f
     assert_stack_is_the_python_loop(*runners)
 
 
+@pytest.mark.parametrize("kv_dtype", ["float16", "bfloat16"])
+def test_decoder_stack_over_a_16_bit_kv_cache_is_the_python_layer_loop_bit_for_bit(kv_dtype, tiny_llama):
+    """kv_cache_dtype float16 / bfloat16: the stack writes and reads the 16-bit cache as the Python loop's
+    rope_paged_attention calls do, so the same bits."""
+    runners = [
+        ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", kv_dtype=kv_dtype) for _ in range(2)
+    ]
+    assert runners[0].kv_cache.dtype == getattr(torch, kv_dtype)
+    assert_stack_is_the_python_loop(*runners)
+
+
 def test_decoder_stack_writes_each_format_of_a_projection_into_its_columns(tmp_path):
     """A GGUF file's fused QKV holds segments of different block formats (here Q4_K queries, Q5_0 keys, Q6_K
     values): the stack writes each segment into its columns of one output, where the Python loop concatenates
