@@ -67,8 +67,15 @@ def served_model_folder(config_path: Path) -> Path:
 
 
 # The models of model_repository/ that serve TensorRT-LLM's client contract beside `llm` (no weights of their own):
-# three forward to `llm`, two run `llm`'s tokenizer.
-TENSORRT_LLM_MODELS = ("ensemble", "tensorrt_llm_bls", "tensorrt_llm", "preprocessing", "postprocessing")
+# four forward to `llm`, two run `llm`'s tokenizer.
+TENSORRT_LLM_MODELS = (
+    "ensemble",
+    "tensorrt_llm_bls",
+    "tensorrt_llm",
+    "tensorrt_llm_llmapi",
+    "preprocessing",
+    "postprocessing",
+)
 
 
 def write_model_repository(

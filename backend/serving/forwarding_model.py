@@ -1,6 +1,7 @@
-"""Triton glue of the TensorRT-LLM contract's models (`ensemble`, `tensorrt_llm_bls`, and the core `tensorrt_llm`):
-each batch item of a request becomes one request to `llm` through BLS, on a thread of its own, and `llm`'s responses
-come back translated (`trtllm_contract.py`, `trtllm_core_contract.py`, chosen by the `contract` parameter).
+"""Triton glue of the TensorRT-LLM contract's models (`ensemble`, `tensorrt_llm_bls`, the core `tensorrt_llm` and the
+LLM-API `tensorrt_llm_llmapi`): each batch item of a request becomes one request to `llm` through BLS, on a thread of
+its own, and `llm`'s responses come back translated (`trtllm_contract.py`, `trtllm_core_contract.py`,
+`trtllm_llmapi_contract.py`, chosen by the `contract` parameter).
 `llm`'s one engine serves them all, in its in-flight batch beside everyone else's requests; these models hold no
 weights and load in a second.
 
@@ -17,24 +18,34 @@ import json
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from backend.core.config import EngineConfig
 from backend.protocol.values import InvalidRequest
-from backend.protocol.wire import CANCEL_FORWARDED, FORWARDED_ID, INVALID_REQUEST, UNAVAILABLE, error_text
-from backend.serving import trtllm_contract, trtllm_core_contract
+from backend.protocol.wire import (
+    CANCEL_FORWARDED,
+    FORWARDED_ID,
+    INVALID_REQUEST,
+    LORA_ADMIN_PARAMETER,
+    UNAVAILABLE,
+    error_text,
+)
+from backend.serving import trtllm_contract, trtllm_core_contract, trtllm_llmapi_contract
 from backend.serving.stub_process import exit_stub_process
 from backend.serving.trtllm_contract import ItemRequest
 
 # config.pbtxt parameter `contract`: which TensorRT-LLM model this one stands in for
-CONTRACTS = {"text": trtllm_contract, "tokens": trtllm_core_contract}
+CONTRACTS = {"text": trtllm_contract, "tokens": trtllm_core_contract, "llmapi": trtllm_llmapi_contract}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_CHECK_S = 0.1  # as `llm`'s own sweep (backend/engine/output_sender.py)
 LLM_OUTPUTS = [
     "text_output",
     "output_ids",
     "sample_index",
+    "finish_reason",
     "logprobs",
     "cumulative_logprob",
     "num_input_tokens",
@@ -53,6 +64,7 @@ class TritonPythonModel:
         self.target = parameters.get("llm_model_name", "llm")
         self.contract = CONTRACTS[parameters.get("contract", "text")]
         self.input_names = [i["name"] for i in config["input"]]
+        self.block_size = _block_size(args.get("model_repository"), self.target)
         self.in_flight: dict[str, set[_Forwarding]] = {}  # by the client's request id, for stop requests
         self.lock = threading.Lock()
 
@@ -65,11 +77,16 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         tensors[name] = tensor.as_numpy()
+                if hasattr(self.contract, "with_parameters"):  # request parameters standing for inputs
+                    tensors = self.contract.with_parameters(tensors, request.parameters())
                 if self.contract.is_stop(tensors):
                     self._stop(request.request_id())
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
+                    sender.send(_stop_answer(getattr(self.contract, "STOP_ANSWER", None)), flags=FINAL)
                     continue
                 items = [self.contract.item_request(tensors, b) for b in range(self.contract.batch_size(tensors))]
+                for item in items:
+                    if hasattr(item, "block_size"):
+                        item.block_size = self.block_size
                 self._check_transaction_policy(items)
             except InvalidRequest as exc:
                 sender.send(_error(error_text(str(exc), INVALID_REQUEST)), flags=FINAL)
@@ -96,7 +113,7 @@ class TritonPythonModel:
         how = "deploy the model decoupled (model_transaction_policy { decoupled: true }) or use tensorrt_llm_bls"
         if any(item.stream for item in items):
             raise InvalidRequest(f"stream: true needs a decoupled model; this one answers once per request: {how}")
-        if len(items) > 1 or any(item.sampling.get("n", 1) > 1 for item in items):
+        if len(items) > 1 or any(item.sampling.get("n", 1) > 1 and not item.ONE_RESPONSE for item in items):
             raise InvalidRequest(
                 "a batch of prompts or num_return_sequences > 1 gets one response per item, which needs a decoupled "
                 f"model; this one answers once per request: {how}"
@@ -127,6 +144,9 @@ class _Forwarding:
         with self.lock:
             self.forwarded_ids.add(forwarded_id)
         try:
+            lora = getattr(item, "lora", None)
+            if lora is not None and not self._has_adapter(*lora):
+                return
             responses = self._llm_request(item, forwarded_id).exec(decoupled=True)
             checked = time.monotonic()
             for response in responses:
@@ -155,6 +175,20 @@ class _Forwarding:
             self._send(_error(error_text(f"{self.model.target} did not answer: {exc}", UNAVAILABLE)))
         finally:
             self._item_done(forwarded_id)
+
+    def _has_adapter(self, name: str, path: str) -> bool:
+        """Whether `llm` holds LoRA adapter `name`, loading it from `path` on first use (TensorRT-LLM's LLM-API
+        rule; `llm` must allow loading at run time); where not, the client hears why. Asked each time (a round trip
+        to `llm`): an adapter may be unloaded while serving."""
+        listing = _admin(self.model.target, {"action": "list"})
+        if listing.get("enabled") and name in {a["name"] for a in listing.get("adapters", [])}:
+            return True
+        answer = _admin(self.model.target, {"action": "load", "lora_name": name, "lora_path": path})
+        if answer.get("status") == 200 or "already been loaded" in answer.get("message", ""):
+            return True  # loaded now, or by a request beside this one
+        why = "LoRA feature is not enabled." if not answer.get("enabled") else answer.get("message", answer)
+        self._send(_error(error_text(f"LoRA adapter {name!r} from {path}: {why}", INVALID_REQUEST)))
+        return False
 
     def _llm_request(self, item: ItemRequest, forwarded_id: str):
         tensors = [
@@ -209,6 +243,42 @@ class _Forwarding:
             elif self.pending == 0 and not self.sender_done:  # cancelled before any response
                 self.sender.send(_error(error_text("the request was cancelled", UNAVAILABLE)), flags=FINAL)
                 self.sender_done = True
+
+
+def _admin(target: str, action: dict) -> dict:
+    """`llm`'s answer (JSON) to a LoRA admin action (backend/serving/lora_admin.py)."""
+    request = pb_utils.InferenceRequest(
+        model_name=target,
+        inputs=[pb_utils.Tensor("text_input", np.array([b"-"], dtype=object))],
+        requested_output_names=["text_output"],
+        parameters={LORA_ADMIN_PARAMETER: json.dumps(action)},
+    )
+    for response in request.exec(decoupled=True):
+        tensor = None if response.has_error() else pb_utils.get_output_tensor_by_name(response, "text_output")
+        if tensor is not None:
+            return json.loads(tensor.as_numpy().reshape(-1)[0])
+    return {}
+
+
+def _block_size(folder: str | None, target: str) -> int:
+    """The KV block size of the model forwarded to (its config.pbtxt beside this model's folder), else the
+    default."""
+    default = EngineConfig.__dataclass_fields__["block_size"].default
+    try:
+        text = (Path(folder).parent / target / "config.pbtxt").read_text() if folder else ""
+    except OSError:
+        text = ""
+    return trtllm_llmapi_contract.block_size_of(text, default)
+
+
+def _stop_answer(error: str | None):
+    """A stop request's one response: empty (the core model's), or the error TensorRT-LLM's LLM-API model sends."""
+    if error is None:
+        return pb_utils.InferenceResponse(output_tensors=[])
+    code = getattr(pb_utils.TritonError, "CANCELLED", None)
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(error) if code is None else pb_utils.TritonError(error, code)
+    )
 
 
 def _prompt_tensor(prompt: str | list[int]):

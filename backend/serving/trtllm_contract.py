@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -129,6 +129,7 @@ class ItemRequest:
     stream: bool = False
     exclude_input_in_output: bool = False
     outputs: set[str] = field(default_factory=set)  # TensorRT-LLM outputs to send besides text_output
+    ONE_RESPONSE: ClassVar[bool] = False  # whether its samples (n) make one response rather than one each
 
     @property
     def wants_perf_metrics(self) -> bool:
@@ -176,7 +177,7 @@ def scalar_or(tensors: dict[str, np.ndarray], name: str, b: int, default: Any) -
     return scalar(name, tensors[name], b) if name in tensors else default
 
 
-def _words(name: str, array: np.ndarray, b: int) -> list[str]:
+def words(name: str, array: np.ndarray, b: int) -> list[str]:
     """A word list: one phrase per string, empty strings meaning none (TensorRT-LLM's `"bad_words": ""`)."""
     words = []
     for value in item_of(name, array, b).reshape(-1):
@@ -224,7 +225,7 @@ def item_request(tensors: dict[str, np.ndarray], b: int) -> ItemRequest:
     sampling.update(common_sampling(tensors, b, NO_EFFECT))
     for name in ("bad_words", "stop_words"):
         if name in tensors:
-            sampling[name] = _words(name, tensors[name], b)
+            sampling[name] = words(name, tensors[name], b)
     sampling.update(_embedding_bias(tensors, b))
     outputs = outputs_of(flags, sampling)
     text = scalar("text_input", tensors["text_input"], b)
