@@ -54,11 +54,12 @@ def complete(engine, cases: list[tuple[str, int]], extras: list[dict]) -> list:
     return [outputs[f"case-{i}"] for i in range(len(cases))]
 
 
-def run_engine_check(engine, model_dir: Path, dtype: str) -> list[Verdict]:
-    """Our engine (all prompts in one busy batch) against HF `generate` in the same dtype."""
+def run_engine_check(engine, model_dir: Path, dtype: str, reference: HFReference | None = None) -> list[Verdict]:
+    """Our engine (all prompts in one busy batch) against HF `generate` in the same dtype (`reference`, where one
+    is loaded already)."""
     cases = MIXED_CASES
     samples = complete(engine, cases, [{"temperature": 0, "logprobs": TOP_K}] * len(cases))
-    reference = HFReference(model_dir, dtype)
+    reference = reference or HFReference(model_dir, dtype)
     verdicts = []
     for i, ((prompt, max_tokens), sample) in enumerate(zip(cases, samples, strict=True)):
         verdict = reference.judge(prompt, sample.token_ids, reference.greedy(prompt, max_tokens), sample.logprobs)

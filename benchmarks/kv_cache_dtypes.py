@@ -30,6 +30,7 @@ from benchmarks.machine import machine_info
 from benchmarks.roofline import decode_rate
 from launcher.paths import MODEL_DIR
 from testkit.fidelity import summarize
+from testkit.hf_reference import HFReference
 
 DTYPES = ("float32", "float16", "bfloat16")
 KV_MEMORY = 1 << 30  # room for the long-context rows in every dtype
@@ -63,10 +64,10 @@ def long_context_rate(engine, batch: int, context: int, steps: int) -> float:
     return batch / statistics.median(times)
 
 
-def measure(model: Path, kv_dtype: str, context: int, steps: int) -> dict:
+def measure(model: Path, kv_dtype: str, context: int, steps: int, reference: HFReference) -> dict:
     engine = _engine(model, kv_dtype)
     try:
-        verdicts = run_engine_check(engine, model, "float32")
+        verdicts = run_engine_check(engine, model, "float32", reference)
         return {
             "kv_cache_dtype": kv_dtype,
             "kv_bytes_per_token": engine.runner.kv_cache[:, :, 0, 0].numel() * engine.runner.kv_cache.element_size(),
@@ -124,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     machine = machine_info(torch.get_num_threads())
+    reference = HFReference(args.model, "float32")  # its greedy answers are cached across the dtypes
     rows = []
     for kv_dtype in DTYPES:
-        rows.append(measure(args.model, kv_dtype, args.long_context, args.steps))
+        rows.append(measure(args.model, kv_dtype, args.long_context, args.steps, reference))
         print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
