@@ -88,6 +88,9 @@ class LoadResult:
     engine_steps: float = float("nan")  # forward passes the engine ran during the run, where known
     step_sequences: float = float("nan")  # sequences summed over those steps (their mean batch: / engine_steps)
     thread_times: dict = field(default_factory=dict)  # through Triton: thread_cpu group -> ThreadTimes
+    # in process: request i's ("r{i}") time to first token and inter-token gaps, for a workload's subsets
+    ttft_by_id: dict[str, float] = field(default_factory=dict)
+    itl_by_id: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -99,16 +102,18 @@ class LoadResult:
 
 
 def run_engine_requests(
-    engine, requests: list[tuple[str, int]], params: dict, concurrency: int, lora_names=(None,)
+    engine, requests: list[tuple[str, int]], params: dict, concurrency: int, lora_names=(None,), overrides=None
 ) -> LoadResult:
     """Feed (prompt, max_tokens) requests to an in-process engine keeping `concurrency` in flight; request i runs
-    with the LoRA adapter lora_names[i % len(lora_names)] (None: the base model)."""
+    with the LoRA adapter lora_names[i % len(lora_names)] (None: the base model) and the sampling parameters
+    `params` updated with `overrides(i)` where given."""
     from backend import SamplingParams
 
     pending = list(enumerate(requests))
     in_flight = 0
     arrival, first, last, done = {}, {}, {}, {}
     itl: list[float] = []
+    itl_by_id: dict[str, list[float]] = {}
     output_tokens = 0
     start = time.perf_counter()
     while pending or engine.has_work():
@@ -117,7 +122,7 @@ def run_engine_requests(
             request = engine.build_request(
                 f"r{i}",
                 prompt,
-                SamplingParams.from_dict({**params, "max_tokens": max_tokens}),
+                SamplingParams.from_dict({**params, **(overrides(i) if overrides else {}), "max_tokens": max_tokens}),
                 lora_names[i % len(lora_names)],
                 stream=True,
             )
@@ -133,6 +138,7 @@ def run_engine_requests(
                     first[rid] = now
                 else:
                     itl.append((now - last[rid]) / tokens)
+                    itl_by_id.setdefault(rid, []).append(itl[-1])
                 last[rid] = now
                 output_tokens += tokens
             if out.finished:
@@ -146,6 +152,8 @@ def run_engine_requests(
         [first[r] - arrival[r] for r in first],
         itl,
         [done[r] - arrival[r] for r in done],
+        ttft_by_id={r: first[r] - arrival[r] for r in first},
+        itl_by_id=itl_by_id,
     )
 
 

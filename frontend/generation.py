@@ -37,6 +37,7 @@ PASSTHROUGH = (
     "guided_grammar",
     "structured_outputs",
     "logit_bias",
+    "priority",  # vLLM's extra: the scheduler serves lower values first
 )
 CONSTRAINTS = tuple(key for key in PASSTHROUGH if key.startswith("guided_")) + ("structured_outputs",)
 

@@ -33,6 +33,7 @@ TYPES: dict[str, tuple] = {
     "seed": _INT,
     "top_k": _INT,
     "min_tokens": _INT,
+    "priority": _INT,
     "top_logprobs": _INT,
     "best_of": _INT,
     "temperature": _NUMBER,

@@ -39,6 +39,7 @@ FIELDS = frozenset(
         "safety_identifier",
         "store",
         "previous_response_id",
+        "priority",
     }
 )
 # Responses API parameters this server knows of and cannot honour: a 400 that says so (not "unknown").
@@ -129,7 +130,7 @@ def parse_responses(
         "guided_json_object": "text.format",
         "guided_grammar": "tools",
     }
-    sampling_body = {key: body[key] for key in ("temperature", "top_p", "stream") if key in body}
+    sampling_body = {key: body[key] for key in ("temperature", "top_p", "stream", "priority") if key in body}
     generation = make_generation(
         sampling_body,
         model,

@@ -53,6 +53,11 @@ GAUGES = {
     "llm_kv_cache_block_tokens": "Tokens per KV block",
     "llm_engine_alive": "1 while the engine thread runs; 0 once it has died (requests are refused)",
 }
+# Gauges by one label (name -> help, label): a series per label value, set by `EngineMetrics.set_counts`.
+LABELLED_GAUGES = {
+    "llm_requests_running_by_priority": ("Sequences in the running batch, by request priority", "priority"),
+    "llm_requests_waiting_by_priority": ("Sequences waiting to be scheduled, by request priority", "priority"),
+}
 # Gauges whose labels carry the information, vLLM's way: each label set is a series whose value is when it was
 # last current (Unix time); readers (the inference gateway) take the newest.
 INFOS = {
@@ -139,9 +144,9 @@ ALIAS_GAUGES = {"nv_trt_llm_general_metrics"}  # a gauge there, though our itera
 METRIC_NAMES = ("vllm", "tensorrt_llm")  # what `metric_names` may list besides ours, which are always exported
 
 
-# Not exported before their first update: the finish-reason counter exists only with labels, and an engine
-# gauge at 0 would tell the launcher's supervisor that an engine still loading had died.
-_NOT_AT_ZERO = {"llm_requests_finished_total", "llm_engine_alive"}
+# Not exported before their first update: the finish-reason counter and the gauges by priority exist only with
+# labels, and an engine gauge at 0 would tell the launcher's supervisor that an engine still loading had died.
+_NOT_AT_ZERO = {"llm_requests_finished_total", "llm_engine_alive", *LABELLED_GAUGES}
 
 
 def _key(labels: dict | None) -> tuple:
@@ -157,6 +162,7 @@ class EngineMetrics:
         self.gauges: dict[str, float] = {}
         self.histograms: dict[str, list[float]] = defaultdict(list)
         self.infos: dict[str, dict[str, str]] = {}
+        self.labelled: dict[str, dict[str, float]] = {}  # LABELLED_GAUGES: name -> label value -> value
         self.sinks: list = []
         self._unflushed: dict[tuple[str, tuple], float] = defaultdict(float)
         self._lock = threading.Lock()  # counters are also bumped from request threads
@@ -168,6 +174,9 @@ class EngineMetrics:
             sink.set(name, value)
         for name, labels in self.infos.items():
             sink.info(name, labels, time.time())
+        for name, values in self.labelled.items():
+            for label_value, value in values.items():
+                sink.set_labelled(name, {LABELLED_GAUGES[name][1]: label_value}, value)
 
     def inc(self, name: str, value: float = 1.0, labels: dict | None = None) -> None:
         assert name in COUNTERS, name
@@ -190,6 +199,20 @@ class EngineMetrics:
             self.gauges[name] = value
             for sink in self.sinks:
                 sink.set(name, value)
+
+    def set_counts(self, name: str, counts: dict) -> None:
+        """A gauge of LABELLED_GAUGES: `counts` maps label values to values; a label value set before and absent
+        from `counts` now reads 0 (its series stays)."""
+        assert name in LABELLED_GAUGES, name
+        label = LABELLED_GAUGES[name][1]
+        current = self.labelled.setdefault(name, {})
+        counts = {str(key): value for key, value in counts.items()}
+        for label_value in sorted({*current, *counts}):
+            value = counts.get(label_value, 0)
+            if current.get(label_value) != value:
+                current[label_value] = value
+                for sink in self.sinks:
+                    sink.set_labelled(name, {label: label_value}, value)
 
     def info(self, name: str, labels: dict[str, str]) -> None:
         """Make `labels` an info gauge's current label set (its series stamped with the time) where they changed."""
@@ -221,14 +244,19 @@ class TritonMetricsSink:
         self._labels = labels
         self._aliases = {
             ours: [alias for dialect in names for alias in ALIASES[dialect].get(ours, [])]
-            for ours in (*COUNTERS, *GAUGES, *INFOS, *HISTOGRAMS)
+            for ours in (*COUNTERS, *GAUGES, *LABELLED_GAUGES, *INFOS, *HISTOGRAMS)
         }
         kinds = {
             **dict.fromkeys(COUNTERS, pb_utils.MetricFamily.COUNTER),
-            **dict.fromkeys((*GAUGES, *INFOS), pb_utils.MetricFamily.GAUGE),
+            **dict.fromkeys((*GAUGES, *LABELLED_GAUGES, *INFOS), pb_utils.MetricFamily.GAUGE),
             **dict.fromkeys(HISTOGRAMS, pb_utils.MetricFamily.HISTOGRAM),
         }
-        helps = {**COUNTERS, **GAUGES, **INFOS, **{name: help_text for name, (help_text, _) in HISTOGRAMS.items()}}
+        helps = {
+            **COUNTERS,
+            **GAUGES,
+            **INFOS,
+            **{name: help_text for name, (help_text, _) in (*HISTOGRAMS.items(), *LABELLED_GAUGES.items())},
+        }
         # The families must outlive their metrics: keep references for the sink's whole life.
         self._families = {}
         for ours, kind in kinds.items():
@@ -272,6 +300,10 @@ class TritonMetricsSink:
         for metric in self._metric(name, None):
             metric.observe(value)
 
+    def set_labelled(self, name: str, labels: dict[str, str], value: float) -> None:
+        for metric in self._metric(name, labels):
+            metric.set(value)
+
     def info(self, name: str, labels: dict[str, str], value: float) -> None:
         for metric in self._metric(name, labels):
             metric.set(value)
@@ -298,6 +330,7 @@ class PeriodicPublisher:
         self._counters: dict[tuple[str, tuple], float] = defaultdict(float)
         self._gauges: dict[str, float] = {}
         self._infos: dict[str, tuple[dict[str, str], float]] = {}
+        self._labelled: dict[tuple[str, tuple], float] = {}
         self._observations: list[tuple[str, float]] = []
         self._lock = threading.Lock()
         self._replaying = threading.Lock()  # publish() is also called from other threads (close, flush)
@@ -331,12 +364,17 @@ class PeriodicPublisher:
         with self._lock:
             self._infos[name] = (labels, value)
 
+    def set_labelled(self, name: str, labels: dict[str, str], value: float) -> None:
+        with self._lock:
+            self._labelled[(name, _key(labels))] = value
+
     def publish(self) -> None:
         """Replay everything buffered so far into the sink (the publisher's thread does this periodically)."""
         with self._lock:
             counters, self._counters = self._counters, defaultdict(float)
             gauges, self._gauges = self._gauges, {}
             infos, self._infos = self._infos, {}
+            labelled, self._labelled = self._labelled, {}
             observations, self._observations = self._observations, []
         with self._replaying:
             for (name, labels), value in counters.items():
@@ -345,6 +383,8 @@ class PeriodicPublisher:
                 self.sink.set(name, value)
             for name, (labels, value) in infos.items():
                 self.sink.info(name, labels, value)
+            for (name, labels), value in labelled.items():
+                self.sink.set_labelled(name, dict(labels), value)
             for name, value in observations:
                 self.sink.observe(name, value)
 

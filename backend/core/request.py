@@ -59,6 +59,11 @@ class Sequence:
         return self.request.params
 
     @property
+    def priority(self) -> int:
+        """Its request's priority: the scheduler serves lower values first."""
+        return self.request.params.priority
+
+    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 

@@ -1,10 +1,12 @@
 """Iteration-level scheduling under a token budget and a sequence cap.
 
-Every step: running sequences first (decodes before unfinished prompt chunks), then waiting ones while
-budget, sequence slots and blocks last. A prompt longer than the remaining budget is chunked across steps,
-so prefills and decodes share a step. When blocks run out, the most recently admitted sequences are
-preempted: their blocks are freed and they wait at the front of the queue to be recomputed (from the prefix
-cache where it still holds their blocks).
+Every step: running sequences first (by priority, then decodes before unfinished prompt chunks), then waiting
+ones while budget, sequence slots and blocks last. A prompt longer than the remaining budget is chunked across
+steps, so prefills and decodes share a step. When blocks run out, the sequences of the lowest priority (the
+largest value), the most recently admitted first, are preempted: their blocks are freed and they wait at the
+front of their priority in the queue to be recomputed (from the prefix cache where it still holds their blocks).
+The queue is ordered by priority, then arrival; a waiting sequence that slots or blocks cannot admit preempts
+running ones of a lower priority (never of its own) to get in (docs/engine.md, "Priority").
 
 After the forward pass, `update_from_output` is the one place where what the step did lands on the sequences:
 their computed counts, their new tokens, the drafts kept and the KV slots of rejected ones released, the full
@@ -13,6 +15,7 @@ blocks registered in the prefix cache, parallel samples forked, stop rules appli
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 
@@ -34,7 +37,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_loras = max_loras  # LoRA adapters among the running sequences (0: no limit)
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: deque[Sequence] = deque()  # by priority; within one, preempted ones first, then by arrival
         self.running: list[Sequence] = []
         self.reserved_slots = 0  # sequence slots promised to parallel samples not yet forked
         self.num_preemptions = 0
@@ -46,7 +49,7 @@ class Scheduler:
     def add(self, seq: Sequence, parallel: list[Sequence] = ()) -> None:
         """Queue a request's first sequence; `parallel`: its other samples, forked from it once its prompt is in."""
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        self.waiting.insert(bisect_right(self.waiting, seq.priority, key=_priority), seq)  # last of its priority
         if parallel:
             self._unforked[seq.seq_id] = list(parallel)
 
@@ -58,7 +61,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
-        for seq in sorted(self.running, key=lambda s: s.in_prefill):
+        for seq in sorted(self.running, key=lambda s: (s.priority, s.in_prefill)):
             if budget == 0:
                 break
             if seq.status != SequenceStatus.RUNNING:
@@ -78,18 +81,26 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence, num_new: int, scheduled_ids: set[int], out: SchedulerOutput) -> bool:
         while not self.block_manager.allocate(seq, num_new):
+            # the ones not scheduled yet come after `seq` in priority order: none is of a better priority
             victims = [s for s in self.running if s.seq_id not in scheduled_ids and s is not seq]
-            victim = victims[-1] if victims else seq
+            victim = self._lowest(victims) if victims else seq
             self.preempt(victim)
             out.preempted.append(victim)
             if victim is seq:
                 return False
         return True
 
+    @staticmethod
+    def _lowest(seqs: list[Sequence]) -> Sequence:
+        """The one to preempt first: the lowest priority (largest value), the most recently admitted among equals
+        (`seqs` in admission order, as `running` is)."""
+        return max(reversed(seqs), key=_priority)
+
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         adapters = {s.request.adapter.uid for s in self.running if s.request.adapter is not None}
+        floor = None  # the best priority preempted to admit a sequence: from it on, nothing more is admitted
         for seq in [s for s in self.waiting if not s.request.compiling]:  # a grammar still compiling: it waits
-            if budget <= 0:
+            if budget <= 0 or (floor is not None and seq.priority >= floor):
                 break
             request = seq.request
             adapter = request.adapter
@@ -101,18 +112,16 @@ class Scheduler:
             ):
                 continue  # another adapter would pass max_loras: it waits, requests of the running ones go on
             extra = len(self._unforked.get(seq.seq_id, ())) if seq.seq_id not in self._reserved else 0
-            if len(self.running) + self.reserved_slots + 1 + extra > self.max_num_seqs:
-                break
-            # prompt logprobs and context logits need every prompt position's logits: such a prompt is computed
-            # whole, not read from the prefix cache (its blocks are still registered for later requests)
-            cached = (
-                []
-                if request.computing_prompt_outputs
-                else self.block_manager.match_prefix(seq.token_ids, seq.cache_salt)
-            )
-            num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
-            if not self.block_manager.can_admit(seq, cached, num_new):
-                break
+            while (room := self._room(seq, extra, budget)) is None:
+                lower = [s for s in self.running if s.priority > seq.priority]
+                if not lower:
+                    return
+                victim = self._lowest(lower)
+                budget += self._unschedule(victim, out)
+                self.preempt(victim)
+                out.preempted.append(victim)
+                floor = victim.priority if floor is None else min(floor, victim.priority)
+            cached, num_new = room
             self.waiting.remove(seq)
             self.block_manager.admit(seq, cached)
             seq.num_computed_tokens = seq.num_cached_prompt_tokens
@@ -129,14 +138,38 @@ class Scheduler:
             if adapter is not None:
                 adapters.add(adapter.uid)
 
+    def _room(self, seq: Sequence, extra: int, budget: int) -> tuple[list[int], int] | None:
+        """(its cached prefix blocks, the tokens it computes now) if the free slots and blocks admit `seq` with its
+        `extra` parallel samples' slots, else None."""
+        if len(self.running) + self.reserved_slots + 1 + extra > self.max_num_seqs:
+            return None
+        # prompt logprobs and context logits need every prompt position's logits: such a prompt is computed
+        # whole, not read from the prefix cache (its blocks are still registered for later requests)
+        cached = (
+            []
+            if seq.request.computing_prompt_outputs
+            else self.block_manager.match_prefix(seq.token_ids, seq.cache_salt)
+        )
+        num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
+        return (cached, num_new) if self.block_manager.can_admit(seq, cached, num_new) else None
+
+    @staticmethod
+    def _unschedule(seq: Sequence, out: SchedulerOutput) -> int:
+        """Take `seq` out of this step's work (it is being preempted); the tokens it gives back to the budget."""
+        for i, item in enumerate(out.scheduled):
+            if item.seq is seq:
+                del out.scheduled[i]
+                return item.num_new_tokens
+        return 0
+
     def preempt(self, seq: Sequence) -> None:
-        """Free the sequence's blocks and requeue it first; it will be recomputed."""
+        """Free the sequence's blocks and requeue it first among its priority; it will be recomputed."""
         self.running.remove(seq)
         self._free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.insert(bisect_left(self.waiting, seq.priority, key=_priority), seq)
 
     def unforked(self, seq: Sequence) -> list[Sequence]:
         """The parallel samples waiting for `seq`'s prompt: they sample from its logits row when it first samples."""
@@ -206,3 +239,7 @@ class Scheduler:
     def _free(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.num_computed_tokens = seq.draft_num_computed = 0
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.priority

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -391,6 +392,8 @@ class LLMEngine:
         self.metrics.set("llm_requests_running", len(self.scheduler.running))
         self.metrics.set("llm_requests_waiting", len(self.scheduler.waiting))
         self.metrics.set("llm_requests_in_flight", len(self.scheduler.running) + len(self.scheduler.waiting))
+        for state, seqs in (("running", self.scheduler.running), ("waiting", self.scheduler.waiting)):
+            self.metrics.set_counts(f"llm_requests_{state}_by_priority", Counter(seq.priority for seq in seqs))
         self.metrics.set("llm_kv_cache_blocks_used", bm.num_used_blocks)
         self.metrics.set("llm_kv_cache_usage_ratio", bm.num_used_blocks / bm.num_blocks)
         self.metrics.set("llm_kv_cache_blocks_free", bm.num_free_blocks)

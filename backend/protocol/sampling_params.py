@@ -26,6 +26,9 @@ MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_LOGIT_BIAS = 100.0
 MAX_BAD_WORDS = 64
+# Request priority (lower is served first, vLLM's convention): a bounded range keeps the metrics' `priority`
+# label to a bounded set of values.
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 
 
 @dataclass
@@ -57,6 +60,7 @@ class SamplingParams:
     stop_word_ids: list[list[int]] = field(default_factory=list)  # a sample stops once it ends with one of these
     num_speculative_tokens: int | None = None  # None: the engine's setting; 0 turns speculation off
     guided_decoding: GuidedDecoding | None = None  # an output constraint (guided_decoding.py)
+    priority: int = 0  # the scheduler serves lower values first (docs/engine.md, "Priority"); not a sampling knob
     # Set from the return_context_logits / return_generation_logits flags (not sampling parameters): keep the
     # model's logits of every prompt position / of every generated token.
     context_logits: bool = False
@@ -122,6 +126,7 @@ class SamplingParams:
             in_range(f"logit_bias[{token_id}]", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
         if self.num_speculative_tokens is not None:
             in_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
+        in_range("priority", self.priority, MIN_PRIORITY, MAX_PRIORITY, hint=" (an integer; lower is served first)")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequest(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(s == "" for s in self.stop):
@@ -206,6 +211,15 @@ def _as_logprobs(name: str, value) -> int | None:
     return as_int(name, value)
 
 
+def _as_priority(name: str, value) -> int:
+    """An integer only: not a bool, a float (2.0 included) nor a string, unlike the other integer parameters."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise InvalidRequest(
+        f"{name} must be an integer between {MIN_PRIORITY} and {MAX_PRIORITY} (lower is served first), got {value!r}"
+    )
+
+
 def _as_logit_bias(name: str, value) -> dict[int, float]:
     """{token id: bias}; JSON object keys are strings, so "50256" and 50256 both name token 50256."""
     if not isinstance(value, dict):
@@ -238,4 +252,5 @@ _PARSERS = {
     "bad_word_ids": _as_id_sequences,
     "stop_word_ids": _as_id_sequences,
     "num_speculative_tokens": as_int,
+    "priority": _as_priority,
 }

@@ -39,6 +39,7 @@ SAMPLING_INPUTS = {
     "bad_words": (BYTES, VECTOR),
     "stop_token_ids": (INT32, VECTOR),
     "ignore_eos": (BOOL, SCALAR),
+    "priority": (INT32, SCALAR),  # the scheduler's order, lower first (not a sampling knob; vLLM's `priority`)
 }
 # Additional outputs, each sent only when its return_* flag is true (as Triton's vLLM backend does).
 OPTIONAL_OUTPUTS = (

@@ -9,6 +9,7 @@ from backend.core.metrics import (
     GAUGES,
     HISTOGRAMS,
     INFOS,
+    LABELLED_GAUGES,
     EngineMetrics,
     PeriodicPublisher,
     TritonMetricsSink,
@@ -184,10 +185,10 @@ class FakePbUtils:
 def test_triton_sink_families_and_initial_metrics():
     pb = FakePbUtils()
     TritonMetricsSink(pb, {"model": "llm", "version": "1"}, names=())
-    assert set(pb.families) == set(COUNTERS) | set(GAUGES) | set(INFOS) | set(HISTOGRAMS)
+    assert set(pb.families) == set(COUNTERS) | set(GAUGES) | set(LABELLED_GAUGES) | set(INFOS) | set(HISTOGRAMS)
     for name in COUNTERS:
         assert pb.families[name].kind == "counter" and pb.families[name].description == COUNTERS[name]
-    for name in GAUGES:
+    for name in (*GAUGES, *LABELLED_GAUGES):
         assert pb.families[name].kind == "gauge"
     for name, (_, buckets) in HISTOGRAMS.items():
         assert pb.families[name].kind == "histogram"
@@ -195,7 +196,12 @@ def test_triton_sink_families_and_initial_metrics():
     # exported at zero from the start, except the ones that only exist with labels and the engine's liveness
     # (0 means dead to the supervisor)
     for name, family in pb.families.items():
-        late = name.endswith("_per_pos_total") or name in ("llm_requests_finished_total", "llm_engine_alive", *INFOS)
+        late = name.endswith("_per_pos_total") or name in (
+            "llm_requests_finished_total",
+            "llm_engine_alive",
+            *INFOS,
+            *LABELLED_GAUGES,
+        )
         assert len(family.metrics) == (0 if late else 1), name
         for metric in family.metrics:
             assert metric.labels == {"model": "llm", "version": "1"} and metric.value == 0
@@ -306,3 +312,28 @@ def test_an_info_gauge_stamps_its_current_label_set():
     late.info = lambda name, labels, value: late.calls.append(("info", name, labels))
     m.add_sink(late)  # a sink added later starts from the current labels
     assert late.calls == [("info", "llm_lora_requests_info", busy)]
+
+
+def test_a_gauge_by_priority_keeps_a_series_per_value_and_zeroes_the_ones_gone():
+    """llm_requests_waiting_by_priority{priority}: a series per priority counted, through the publisher to Triton;
+    a priority no longer present reads 0, and a sink added later starts from the current series."""
+    pb = FakePbUtils()
+    m = EngineMetrics()
+    publisher = PeriodicPublisher(TritonMetricsSink(pb, {"model": "llm", "version": "1"}))
+    m.add_sink(publisher)
+    name = "llm_requests_waiting_by_priority"
+    m.set_counts(name, {0: 3, -5: 1})
+    m.set_counts(name, {0: 3, 2: 1})  # -5 gone, 2 new, 0 unchanged (not sent again)
+    publisher.publish()
+    series = {metric.labels["priority"]: metric.value for metric in pb.families[name].metrics}
+    assert series == {"0": 3, "-5": 0, "2": 1}
+    assert all(metric.labels["model"] == "llm" for metric in pb.families[name].metrics)
+    assert m.labelled[name] == {"0": 3, "-5": 0, "2": 1}
+    late = RecordingSink()
+    late.set_labelled = lambda name, labels, value: late.calls.append((name, labels, value))
+    m.add_sink(late)
+    assert sorted(late.calls, key=str) == sorted(
+        [(name, {"priority": p}, v) for p, v in (("0", 3), ("-5", 0), ("2", 1))], key=str
+    )
+    with pytest.raises(AssertionError):
+        m.set_counts("llm_requests_waiting", {0: 1})  # not a gauge by label

@@ -18,8 +18,9 @@ from backend.protocol.sampling_params import SamplingParams
 SIZE = 4
 
 
-def new_seq(num_tokens: int, request_id: str, start: int = 0, n: int = 1) -> Sequence:
-    request = Request(request_id, "", list(range(start, start + num_tokens)), SamplingParams(n=n))
+def new_seq(num_tokens: int, request_id: str, start: int = 0, n: int = 1, priority: int = 0) -> Sequence:
+    params = SamplingParams(n=n, priority=priority)
+    request = Request(request_id, "", list(range(start, start + num_tokens)), params)
     seqs = [Sequence(request, i, detokenizer=None) for i in range(n)]
     request.sequences = seqs
     return seqs[0]
@@ -371,15 +372,19 @@ def stops_at_max_tokens(seq, token_id, logits, row, entry):
     max_num_seqs=st.integers(1, 6),
     spare_blocks=st.integers(0, 12),
     prefix_caching=st.booleans(),
+    priorities=st.lists(st.integers(-2, 2), max_size=8),  # request i's is priorities[i] (0 past the list)
 )
-def test_random_workloads_respect_limits_and_finish(jobs, budget, max_num_seqs, spare_blocks, prefix_caching):
+def test_random_workloads_respect_limits_and_finish(
+    jobs, budget, max_num_seqs, spare_blocks, prefix_caching, priorities
+):
     longest = max(length + out for length, out, _, _ in jobs)
     num_blocks = -(-longest // SIZE) + spare_blocks  # every sequence fits alone, as build_request guarantees
     sched, bm = make(num_blocks=num_blocks, max_num_seqs=max_num_seqs, budget=budget, prefix_caching=prefix_caching)
     prefixes = [list(range(1000, 1030)), list(range(2000, 2030)), list(range(3000, 3030))]
     seqs = []
     for i, (length, out, prefix, arrival) in enumerate(jobs):
-        request = Request(f"r{i}", "", prefixes[prefix][:length], SamplingParams(max_tokens=out))
+        params = SamplingParams(max_tokens=out, priority=priorities[i] if i < len(priorities) else 0)
+        request = Request(f"r{i}", "", prefixes[prefix][:length], params)
         seq = Sequence(request, 0, detokenizer=None)
         request.sequences = [seq]
         seqs.append((arrival, seq))
@@ -390,7 +395,13 @@ def test_random_workloads_respect_limits_and_finish(jobs, budget, max_num_seqs, 
                 sched.add(seq)
         if not sched.has_work() and step > 6:
             break
+        queued = list(sched.waiting)
         out = sched.schedule()
+        # admitted strictly by priority: none of those left waiting is of a better one than an admitted one
+        admitted = [s.priority for s in queued if s.status == SequenceStatus.RUNNING]
+        left = [s.priority for s in queued if s.status == SequenceStatus.WAITING]
+        assert not admitted or not left or max(admitted) <= min(left)
+        assert [s.priority for s in sched.waiting] == sorted(s.priority for s in sched.waiting)
         ids = [s.seq.seq_id for s in out.scheduled]
         assert len(ids) == len(set(ids))
         assert out.num_batched_tokens <= budget
