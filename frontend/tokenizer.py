@@ -2,12 +2,11 @@
 the prompt the model is sent, the text of single tokens for OpenAI's logprobs, encoding and decoding for
 token-id prompts and /tokenize, and the model's vocabulary size and length from its config.
 
-Built on the `tokenizers` library (tokenizer.json), Jinja2 (the chat template) and json (the configs), without
-transformers, which imports torch when it loads a tokenizer. It gives the same results as transformers 5's
-`AutoTokenizer` for a folder whose tokenizer.json transformers loads as is (tokenizer_class `TokenizersBackend` or
-`PreTrainedTokenizerFast`): the backend is set up the way `TokenizersBackend.__init__` does it, encode and decode
-are `__call__` and `decode`, and the template renders as `apply_chat_template(..., tokenize=False)` does
-(transformers/utils/chat_template_utils.py). tests/unit/test_frontend_tokenizer.py compares the two.
+Encoding and decoding are backend/protocol/text_tokenizer.py's (the `tokenizers` library, without transformers,
+which imports torch when it loads a tokenizer); the chat template is rendered with Jinja2 as transformers 5's
+`apply_chat_template(..., tokenize=False)` renders it (transformers/utils/chat_template_utils.py), with the
+template chosen as `AutoTokenizer` chooses it. tests/unit/test_frontend_tokenizer.py and
+tests/unit/test_frontend_chat_template.py compare the two.
 """
 
 from __future__ import annotations
@@ -27,33 +26,23 @@ import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Tokenizer
-from tokenizers.processors import TemplateProcessing
+
+from backend.protocol.text_tokenizer import TextTokenizer, read_json
 
 from .errors import bad_request
 
-# transformers' named special tokens (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES): the template sees them
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-_ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 # The names a message's reasoning comes under; the first is the one templates read (transformers aliases them)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
-class ModelTokenizer:
+class ModelTokenizer(TextTokenizer):
     def __init__(self, model_dir: str | Path):
+        super().__init__(model_dir)
         folder = Path(model_dir)
-        settings = _tokenizer_settings(folder)
-        named, extra = _special_tokens(settings)
-        self.tokenizer = _backend(folder, settings, named, extra)
-        self.special_tokens = {name: _text(token) for name, token in named.items()}  # what the template sees
-        self.chat_template: str | dict[str, str] | None = settings.get("chat_template")
+        self.chat_template: str | dict[str, str] | None = _chat_template(folder, self.settings)
         if not self.chat_template:
             raise ValueError(f"the tokenizer in {model_dir} has no chat template; /v1/chat/completions needs one")
-        self._clean_up_spaces = bool(settings.get("clean_up_tokenization_spaces", False)) and (
-            type(self.tokenizer.model).__name__ != "BPE"  # transformers skips the clean-up for BPE, unless told
-            or bool(settings.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False))
-        )
-        config = _read_json(folder / "config.json") or {}
+        config = read_json(folder / "config.json") or {}
         text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         vocab_size = config.get("vocab_size", text_config.get("vocab_size"))
         if not isinstance(vocab_size, int):
@@ -61,14 +50,6 @@ class ModelTokenizer:
         self.vocab_size = vocab_size  # the model's: token-id prompts are checked against it
         self.max_position_embeddings = _first(config, text_config, "max_position_embeddings", "n_positions")
         self.token_text = lru_cache(maxsize=65536)(self._token_text)  # cached per tokenizer
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def decode(self, token_ids: list[int]) -> str:
-        """Token ids as the engine decodes a token-id prompt."""
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
-        return _clean_up_tokenization(text) if self._clean_up_spaces else text
 
     def render_chat(
         self,
@@ -132,10 +113,6 @@ class ModelTokenizer:
         )
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
 def _first(config: dict, text_config: dict, *names: str) -> Any:
     for source in (config, text_config):
         for name in names:
@@ -144,11 +121,9 @@ def _first(config: dict, text_config: dict, *names: str) -> Any:
     return None
 
 
-def _tokenizer_settings(folder: Path) -> dict:
-    """tokenizer_config.json as transformers' from_pretrained reads it: the chat template files take priority
-    over its `chat_template`, `additional_special_tokens` is `extra_special_tokens`, and an old folder (no
-    `added_tokens_decoder`) has its special tokens in special_tokens_map.json and added_tokens.json."""
-    settings = _read_json(folder / "tokenizer_config.json") or {}
+def _chat_template(folder: Path, settings: dict) -> str | dict[str, str] | None:
+    """The chat template(s) as transformers' from_pretrained reads them: the template files take priority over
+    tokenizer_config.json's `chat_template`, a list of named ones becomes a dict."""
     templates = {}
     if (folder / "chat_template.jinja").is_file():
         templates["default"] = (folder / "chat_template.jinja").read_text(encoding="utf-8")
@@ -156,131 +131,13 @@ def _tokenizer_settings(folder: Path) -> dict:
         for path in (folder / "additional_chat_templates").glob("*.jinja"):
             templates[path.name.removesuffix(".jinja")] = path.read_text(encoding="utf-8")
     if list(templates) == ["default"]:
-        settings["chat_template"] = templates["default"]
-    elif templates:
-        settings["chat_template"] = templates
-    elif isinstance(settings.get("chat_template"), (list, tuple)):
-        settings["chat_template"] = {t["name"]: t["template"] for t in settings["chat_template"]}
-    if "additional_special_tokens" in settings and not settings.get("extra_special_tokens"):
-        settings["extra_special_tokens"] = settings.pop("additional_special_tokens")
-    model_specific = {
-        key: value
-        for key, value in settings.items()
-        if key not in SPECIAL_TOKEN_NAMES and key.endswith("_token") and isinstance(value, str)
-    }
-    if isinstance(settings.get("extra_special_tokens"), dict):
-        model_specific.update(settings.pop("extra_special_tokens"))
-    if "added_tokens_decoder" not in settings:
-        for key, value in (_read_json(folder / "special_tokens_map.json") or {}).items():
-            if isinstance(value, dict) and key != "extra_special_tokens":
-                value = {**value, "special": True}
-            elif key == "extra_special_tokens" and isinstance(value, list):
-                extra = list(settings.get("extra_special_tokens") or [])
-                value = extra + [t for t in value if _text(t) not in map(_text, extra)]
-            settings[key] = value
-        if isinstance(settings.get("extra_special_tokens"), dict):
-            model_specific.update(settings.pop("extra_special_tokens"))
-        specials = {_text(settings[k]) for k in SPECIAL_TOKEN_NAMES if settings.get(k)}
-        specials |= {_text(t) for t in settings.get("extra_special_tokens") or []}
-        decoder = {
-            int(index): {"content": text, "normalized": text not in specials, "special": text in specials}
-            for text, index in (_read_json(folder / "added_tokens.json") or {}).items()
-        }
-        for token in (_read_json(folder / "tokenizer.json") or {}).get("added_tokens", []):
-            decoder[int(token["id"])] = token
-        settings["added_tokens_decoder"] = decoder
-    if "additional_special_tokens" in settings and "extra_special_tokens" not in settings:  # the map's, as above
-        settings["extra_special_tokens"] = settings.pop("additional_special_tokens")
-    settings["_model_specific"] = model_specific
-    return settings
-
-
-def _text(token: Any) -> str:
-    """A special token's text: a string, or transformers' serialized AddedToken ({"content": ...})."""
-    return token["content"] if isinstance(token, dict) else str(token)
-
-
-def _added_token(token: Any, special: bool | None = None) -> AddedToken:
-    if isinstance(token, AddedToken):
-        return token
-    if isinstance(token, str):
-        return AddedToken(token, special=True if special is None else special)
-    fields = {key: token[key] for key in _ADDED_TOKEN_FIELDS if key in token}
-    return AddedToken(**fields)
-
-
-def _special_tokens(settings: dict) -> tuple[dict[str, Any], list[Any]]:
-    """The named special tokens (bos_token ..., then the model's own *_token ones) and the extra ones."""
-    named = {}
-    for key in SPECIAL_TOKEN_NAMES:
-        value = settings.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, (str, dict)):
-            raise TypeError(f"Special token {key} has to be either str or AddedToken but got: {type(value)}")
-        named[key] = value
-    auto = {
-        key: value
-        for key, value in settings.items()
-        if key not in SPECIAL_TOKEN_NAMES
-        and key.endswith("_token")
-        and (isinstance(value, str) or (isinstance(value, dict) and "content" in value))
-    }
-    named.update({**auto, **settings["_model_specific"]})
-    extra = settings.get("extra_special_tokens") or []
-    if not isinstance(extra, (list, tuple)):
-        raise TypeError("extra_special_tokens must be a list/tuple of tokens or a dict of named tokens")
-    return named, list(extra)
-
-
-def _backend(folder: Path, settings: dict, named: dict[str, Any], extra: list[Any]) -> Tokenizer:
-    """tokenizer.json as TokenizersBackend.__init__ sets it up: the tokens of `added_tokens_decoder` and any
-    special token the file lacks added, an empty template post-processor where it has none (transformers drops
-    add_bos_token / add_eos_token when there is a tokenizer.json), no truncation or padding (every transformers
-    call without them turns them off)."""
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise ValueError(f"{folder} has no tokenizer.json; the front door reads only that tokenizer format")
-    backend = Tokenizer.from_file(str(path))
-    backend.no_truncation()
-    backend.no_padding()
-    decoder = settings.get("added_tokens_decoder") or {}
-    to_add = [
-        _added_token(token) for _, token in sorted(((int(i), t) for i, t in decoder.items()), key=lambda item: item[0])
-    ]
-    known = {token.content for token in backend.get_added_tokens_decoder().values()} | {t.content for t in to_add}
-    named_texts = {_text(token) for token in named.values() if token}
-    for token in [*named.values(), *extra]:
-        if _text(token) not in known:
-            known.add(_text(token))
-            to_add.append(_added_token(token))
-    for token in to_add:
-        if token.content in named_texts and not token.special:
-            token.special = True
-    if to_add:
-        backend.add_tokens(to_add)
-    if backend.post_processor is None:
-        backend.post_processor = TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
-    backend.encode_special_tokens = bool(settings.get("split_special_tokens", False))
-    return backend
-
-
-def _clean_up_tokenization(text: str) -> str:
-    """transformers' clean_up_tokenization (clean_up_tokenization_spaces)."""
-    for spaced, joined in (
-        (" .", "."),
-        (" ?", "?"),
-        (" !", "!"),
-        (" ,", ","),
-        (" ' ", "'"),
-        (" n't", "n't"),
-        (" 'm", "'m"),
-        (" 's", "'s"),
-        (" 've", "'ve"),
-        (" 're", "'re"),
-    ):
-        text = text.replace(spaced, joined)
-    return text
+        return templates["default"]
+    if templates:
+        return templates
+    template = settings.get("chat_template")
+    if isinstance(template, (list, tuple)):
+        return {t["name"]: t["template"] for t in template}
+    return template
 
 
 def _alias_reasoning_fields(chat: list[dict]) -> list[dict]:

@@ -1,5 +1,6 @@
 """Triton glue of TensorRT-LLM's `preprocessing` and `postprocessing` models (backend/serving/trtllm_tokenizer.py):
-a tokenizer each, loaded from `tokenizer_dir` (relative to the model's folder, or absolute), no engine."""
+a tokenizer each (backend/protocol/text_tokenizer.py: no transformers, no torch), loaded from `tokenizer_dir`
+(relative to the model's folder, or absolute), no engine."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
 
 from backend.model import model_source
+from backend.protocol.text_tokenizer import TextTokenizer
 from backend.protocol.values import InvalidRequest, as_bool
 from backend.protocol.wire import INVALID_REQUEST, error_text
 from backend.serving import trtllm_tokenizer
@@ -26,8 +27,9 @@ class _TokenizerModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         folder = Path(args["model_repository"])
         tokenizer_dir = folder / parameters["tokenizer_dir"]  # an absolute tokenizer_dir stays as it is
-        # a GGUF file's tokenizer is read from the folder its engine prepared (model_source.py)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_source.resolve(tokenizer_dir)))
+        # a GGUF file's tokenizer is read from the folder prepared from it (model_source.py), which the launcher
+        # prepares before the server starts
+        self.tokenizer = TextTokenizer(model_source.resolve(tokenizer_dir))
         self.option = as_bool(self.flag, parameters.get(self.flag, "true"))
 
     def execute(self, requests):

@@ -11,40 +11,9 @@ import random
 import pytest
 
 from launcher.paths import MODEL_DIR as SMOL_DIR
-from tests.unit.tokenizer_folders import SPECIALS, model_folder, pair, their_render
+from tests.unit.tokenizer_folders import SPECIALS, TEXTS, assert_same_encoding, model_folder, pair, their_render
 
 transformers = pytest.importorskip("transformers")
-
-TEXTS = [
-    "",
-    " ",
-    "   ",
-    "\n",
-    "Hello, world!",
-    "  leading and trailing  ",
-    "line\nbreaks\r\nand\ttabs",
-    "naïve café — “quotes” and ‘single’",
-    "日本語のテキストと中文",
-    "Привет, мир",
-    "مرحبا بالعالم",
-    "emoji 😀👍🏽 family 👨‍👩‍👧 flag 🇫🇷",
-    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-    "<|endoftext|><|im_start|><|im_end|>",
-    "<repo_name>x<file_sep>y<filename>z",
-    "<|im_start",
-    "im_end|>",
-    "a<|im_end|>b",
-    " <|im_end|> ",
-    "12345 3.14159 -7e10",
-    "def f(x):\n    return x ** 2\n",
-    "\u0000 nul \u200b zero width \ufeff bom",
-    "ﬁ ligature Ω ohm Å angstrom",
-    "don't won't I'm they've we're",
-    "Hello , world . Why ? Yes ! I 'm ok",
-    "{{ not a template }} {% raw %}",
-    "x" * 3000,
-    "word " * 500,
-]
 
 
 def test_the_backend_is_set_up_as_transformers_sets_it_up(ours, theirs):
@@ -55,14 +24,7 @@ def test_the_backend_is_set_up_as_transformers_sets_it_up(ours, theirs):
 
 @pytest.mark.parametrize("add_special_tokens", [True, False])
 def test_encode(ours, theirs, add_special_tokens):
-    rng = random.Random(0)
-    alphabet = "ab Z9\n\t.,<|>_é中😀\u0301 " + "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(60))
-    texts = TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 80))) for _ in range(200)]
-    for text in texts:
-        assert (
-            ours.encode(text, add_special_tokens=add_special_tokens)
-            == theirs(text, add_special_tokens=add_special_tokens).input_ids
-        ), text
+    assert_same_encoding(ours, theirs, add_special_tokens)
 
 
 def test_decode(ours, theirs):

@@ -1,6 +1,7 @@
 """backend/serving/trtllm_tokenizer.py: TensorRT-LLM's preprocessing and postprocessing steps with SmolLM2's own
-tokenizer: prompts padded into a batch, word lists in the `[2, L]` form the core model reads back, the embedding
-bias vector, decoding back to text (the real server: tests/integration/test_trtllm_core_e2e.py)."""
+tokenizer, as the models load it (backend/protocol/text_tokenizer.py) and as transformers does: prompts padded
+into a batch, word lists in the `[2, L]` form the core model reads back, the embedding bias vector, decoding back
+to text (the real server: tests/integration/test_trtllm_core_e2e.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ import re
 import numpy as np
 import pytest
 
+from backend.protocol.text_tokenizer import TextTokenizer
 from backend.protocol.values import InvalidRequest
 from backend.serving import trtllm_core_contract, trtllm_tokenizer
+from launcher.paths import MODEL_DIR as SMOL_DIR
 from tests.unit.test_trtllm_contract import declared_tensors
+
+
+@pytest.fixture(scope="module", params=["TextTokenizer", "AutoTokenizer"])
+def tokenizer(request, tokenizer):
+    """The served model's tokenizer as the models load it, and transformers' (conftest.py)."""
+    return TextTokenizer(SMOL_DIR) if request.param == "TextTokenizer" else tokenizer
 
 
 def texts(*rows) -> np.ndarray:
