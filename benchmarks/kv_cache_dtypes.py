@@ -7,7 +7,8 @@ process with the served configuration and `kv_cache_dtype` set:
   transformers fp32 `generate` by the near-tie rule (testkit/fidelity.py): identical, near-ties, violations. A
   16-bit cache rounds every key and value, so this is reported, not asserted;
 - decode tok/s (median step) at batch 1 and 8 after short prompts, and at batch 1 and 4 at a long context, where
-  reading the KV cache is a large part of the step;
+  reading the KV cache is a large part of the step: the three engines loaded side by side, measured in turns,
+  the median of `--rounds` rounds;
 - the KV cache's bytes per token.
 
 Writes benchmarks/results/kv_cache_dtypes/README.md and results.json, with the machine and its CPU flags.
@@ -64,25 +65,43 @@ def long_context_rate(engine, batch: int, context: int, steps: int) -> float:
     return batch / statistics.median(times)
 
 
-def measure(model: Path, kv_dtype: str, context: int, steps: int, reference: HFReference) -> dict:
-    engine = _engine(model, kv_dtype)
-    try:
-        verdicts = run_engine_check(engine, model, "float32", reference)
-        return {
-            "kv_cache_dtype": kv_dtype,
-            "kv_bytes_per_token": engine.runner.kv_cache[:, :, 0, 0].numel() * engine.runner.kv_cache.element_size(),
-            "greedy_vs_transformers_fp32": summarize(verdicts),
-            "identical": sum(v.identical for v in verdicts),
-            "prompts": len(verdicts),
-            "decode_tok_s": {str(b): round(decode_rate(engine, b, steps)[1], 1) for b in (1, 8)},
-            "long_context_tok_s": {str(b): round(long_context_rate(engine, b, context, steps), 1) for b in (1, 4)},
-        }
-    finally:
-        del engine
-        gc.collect()
+def agreement(engine, model: Path, kv_dtype: str, reference: HFReference) -> dict:
+    verdicts = run_engine_check(engine, model, "float32", reference)
+    return {
+        "kv_cache_dtype": kv_dtype,
+        "kv_bytes_per_token": engine.runner.kv_cache[:, :, 0, 0].numel() * engine.runner.kv_cache.element_size(),
+        "greedy_vs_transformers_fp32": summarize(verdicts),
+        "identical": sum(v.identical for v in verdicts),
+        "prompts": len(verdicts),
+    }
 
 
-def report(rows: list[dict], machine: dict, context: int) -> str:
+def speeds(engine, context: int, steps: int) -> dict:
+    """One round's decode tok/s: (kind, batch) -> rate."""
+    rates = {("decode_tok_s", str(b)): decode_rate(engine, b, steps)[1] for b in (1, 8)}
+    rates.update({("long_context_tok_s", str(b)): long_context_rate(engine, b, context, steps) for b in (1, 4)})
+    return rates
+
+
+def measure(model: Path, context: int, steps: int, rounds: int, reference: HFReference) -> list[dict]:
+    """Every dtype's engine loaded side by side, their speeds measured in turns for `rounds` rounds (a shared
+    machine's speed drifts from one minute to the next: medians of rounds taken in turns compare)."""
+    engines = {kv_dtype: _engine(model, kv_dtype) for kv_dtype in DTYPES}
+    rows = {kv_dtype: agreement(engine, model, kv_dtype, reference) for kv_dtype, engine in engines.items()}
+    rates: dict[str, list[dict]] = {kv_dtype: [] for kv_dtype in DTYPES}
+    for _ in range(rounds):
+        for kv_dtype, engine in engines.items():
+            rates[kv_dtype].append(speeds(engine, context, steps))
+    for kv_dtype, row in rows.items():
+        for kind, batch in rates[kv_dtype][0]:
+            row.setdefault(kind, {})[batch] = round(statistics.median(r[kind, batch] for r in rates[kv_dtype]), 1)
+        print(json.dumps(row), flush=True)
+    engines.clear()
+    gc.collect()
+    return [rows[kv_dtype] for kv_dtype in DTYPES]
+
+
+def report(rows: list[dict], machine: dict, context: int, rounds: int) -> str:
     base = rows[0]
     lines = [
         "# KV cache dtypes",
@@ -111,7 +130,11 @@ def report(rows: list[dict], machine: dict, context: int) -> str:
         ):
             cells.append(f"{row[key][batch]} ({row[key][batch] / base[key][batch]:.2f}x)")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Speeds are decode tok/s (median step); ratios against float32 in the same run."]
+    lines += [
+        "",
+        f"Speeds are decode tok/s (median step), the median of {rounds} rounds in which the three engines took turns;",
+        "ratios against float32 in the same run.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -120,19 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=MODEL_DIR)
     parser.add_argument("--long-context", type=int, default=1500)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     import torch
 
     machine = machine_info(torch.get_num_threads())
     reference = HFReference(args.model, "float32")  # its greedy answers are cached across the dtypes
-    rows = []
-    for kv_dtype in DTYPES:
-        rows.append(measure(args.model, kv_dtype, args.long_context, args.steps, reference))
-        print(json.dumps(rows[-1]), flush=True)
+    rows = measure(args.model, args.long_context, args.steps, args.rounds, reference)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
-    text = report(rows, machine, args.long_context)
+    text = report(rows, machine, args.long_context, args.rounds)
     (args.out / "README.md").write_text(text)
     print(text)
     return 0
