@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from backend.model.kv_formats import from_cache, to_cache
+
 ATTENTION_NAME = "llm_paged"
 _SHORT_QUERY = 16  # queries up to this length share one padded attention call
 
@@ -64,7 +66,7 @@ class SeqSlice:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] KV slot of every flat token
-    kv_cache: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+    kv_cache: torch.Tensor  # [layers, 2, blocks, block_size, kv_heads, head_dim (q8_0: a row's bytes)]
     slices: list[SeqSlice]
     block_size: int
     queries_per_kv: int
@@ -158,10 +160,10 @@ def paged_attention(
     blocks (the last `sliding_window` positions only, where given; scores soft-capped as `softcap * tanh(s /
     softcap)`, where given). query [T, H, D], key/value [T, KVH, D] for the flat batch; returns [T, H, D]."""
     layer_cache = meta.kv_cache[layer]
-    _, _, block_size, kv_heads, head_dim = layer_cache.shape
-    layer_cache[0].view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key.to(layer_cache.dtype))
-    layer_cache[1].view(-1, kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value.to(layer_cache.dtype))
-    total, heads = query.shape[:2]
+    _, _, block_size, kv_heads, width = layer_cache.shape  # width: head_dim, or a q8_0 row's bytes (kv_formats.py)
+    layer_cache[0].view(-1, kv_heads, width).index_copy_(0, meta.slot_mapping, to_cache(key, layer_cache.dtype))
+    layer_cache[1].view(-1, kv_heads, width).index_copy_(0, meta.slot_mapping, to_cache(value, layer_cache.dtype))
+    total, heads, head_dim = query.shape
     out = None if meta.groups and meta.groups[0].query_index is None else query.new_empty(total, heads, head_dim)
     for group in meta.groups:
         q_len = group.num_queries
@@ -170,8 +172,8 @@ def paged_attention(
         # [N * Q, H, D] -> [N, KVH, R * Q, D], query rows ordered (r, q) within each KV head
         group_q = group_q.view(n, q_len, kv_heads, heads // kv_heads, head_dim).permute(0, 2, 3, 1, 4)
         group_q = group_q.reshape(n, kv_heads, -1, head_dim)
-        kv = layer_cache.index_select(1, group.block_ids).view(2, n, -1, kv_heads, head_dim).transpose(2, 3)
-        kv = kv.to(query.dtype)
+        kv = from_cache(layer_cache.index_select(1, group.block_ids), query.dtype)
+        kv = kv.view(2, n, -1, kv_heads, head_dim).transpose(2, 3)
         mask = group.mask_within(sliding_window)
         if softcap:
             attended = _softcapped_attention(group_q, kv[0], kv[1], mask, scale, softcap)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from backend.model.kv_formats import KV_DTYPES, dequantize_q8_0, from_cache, quantize_q8_0, to_cache
+
 
 @pytest.fixture(scope="module")
 def ops(built_kernels):
@@ -42,15 +44,21 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("dim,contexts", [(64, [1, 13, 300]), (16, [8, 17]), (12, [5, 21])])
-def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, contexts, dtype):
+ATTENTION_CASES = [(64, [1, 13, 300]), (16, [8, 17]), (12, [5, 21]), (96, [2, 33, 70])]
+
+
+@pytest.mark.parametrize(
+    "dim,contexts,kv_dtype",
+    [(d, c, t) for d, c in ATTENTION_CASES for t in KV_DTYPES if t != "q8_0" or d % 32 == 0],
+)
+def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, contexts, kv_dtype):
     """Rows of sequences whose blocks are scattered over the cache: each writes its rotated key and its value at
-    its slot and attends over its sequence's positions 0..p (3 query heads per KV head). A 16-bit cache holds
-    them rounded as torch rounds them (bit for bit), and attention reads them back as float32."""
+    its slot and attends over its sequence's positions 0..p (3 query heads per KV head). A 16-bit or q8_0 cache
+    holds them as kv_formats.py writes them in torch (bit for bit), and attention reads them back as float32."""
     g = torch.Generator().manual_seed(dim)
     heads, kv_heads, block, blocks = 6, 2, 16, 64
-    cache = torch.randn(2, blocks, block, kv_heads, dim, generator=g).to(dtype)
+    dtype = KV_DTYPES[kv_dtype]
+    cache = to_cache(torch.randn(2, blocks, block, kv_heads, dim, generator=g), dtype)
     rows = len(contexts)
     need = [(c + block - 1) // block for c in contexts]
     order = torch.randperm(blocks, generator=g)
@@ -72,11 +80,11 @@ def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, con
 
     q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
     for r in range(rows):
-        flat = expected_cache.view(2, blocks * block, kv_heads, dim)
-        flat[0, slots[r]] = rotate(k[r].view(kv_heads, dim), cos[r], sin[r]).to(dtype)
-        flat[1, slots[r]] = v[r].view(kv_heads, dim).to(dtype)
+        flat = expected_cache.view(2, blocks * block, kv_heads, -1)
+        flat[0, slots[r]] = to_cache(rotate(k[r].view(kv_heads, dim), cos[r], sin[r]), dtype)
+        flat[1, slots[r]] = to_cache(v[r].view(kv_heads, dim), dtype)
     assert torch.equal(cache.view(torch.uint8), expected_cache.view(torch.uint8))
-    expected_cache = expected_cache.float()
+    expected_cache = from_cache(expected_cache, torch.float32)
     for r, context in enumerate(contexts):
         where = (tables[r, :, None] * block + torch.arange(block)).flatten()[:context]
         keys = expected_cache[0].view(blocks * block, kv_heads, dim)[where].repeat_interleave(3, 1)  # [C, H, D]
@@ -85,6 +93,56 @@ def test_rope_paged_attention_is_softmax_attention_over_the_blocks(ops, dim, con
         weights = torch.softmax(torch.einsum("hd,chd->hc", query, keys) * scale, -1)
         want = torch.einsum("hc,chd->hd", weights, values).reshape(-1)
         torch.testing.assert_close(got[r], want, rtol=2e-6, atol=2e-6)
+
+
+def q8_0_rows() -> torch.Tensor:
+    """Rows of 128 values (4 records each) that test the rounding: zeros; a block whose d is exactly 1 holding
+    ties (x.5, both signs: llama.cpp's roundf rounds them away from zero, torch.round to even); a tiny block whose
+    fp16 d underflows to 0; large, small and mixed magnitudes."""
+    g = torch.Generator().manual_seed(80)
+    ties = torch.tensor([127.0, -126.5, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5] * 4)
+    blocks = [
+        torch.zeros(32),
+        ties,
+        torch.randn(32, generator=g) * 1e-7,
+        torch.randn(32, generator=g) * 300,
+        torch.randn(32, generator=g),
+        torch.randn(32, generator=g) * torch.logspace(-4, 2, 32),
+        -ties,
+        torch.full((32,), -3.0),
+    ]
+    return torch.stack(blocks).view(2, 128)
+
+
+def test_q8_0_records_are_llama_cpps_reference_bit_for_bit(ops):
+    """The C++ cache write quantizes keys and values into the bytes kv_formats.quantize_q8_0 computes (ties away
+    from zero), and its read gives kv_formats.dequantize_q8_0's values: with one position in context a row's
+    attention output is its value row, q * d, exactly. A rotation of angle 0 leaves the key as it is."""
+    rows, dim = 2, 128
+    values = q8_0_rows()
+    keys = values.flip(0) * 0.25
+    records = quantize_q8_0(values)
+    assert records.view(-1, 34)[1, 2:].view(torch.int8)[:8].tolist() == [127, -127, 3, -3, 1, -1, 2, -2]
+    cache = torch.zeros(2, 4, 16, 1, dim // 32 * 34, dtype=torch.uint8)
+    qkv = torch.cat([torch.randn(rows, dim), keys, values], 1)
+    slots = torch.tensor([0, 16])  # position 0 of blocks 0 and 1
+    out = ops.rope_paged_attention(
+        qkv,
+        torch.ones(rows, dim),
+        torch.zeros(rows, dim),
+        cache,
+        slots,
+        torch.zeros(rows, dtype=torch.long),
+        torch.arange(rows),
+        torch.tensor([[0], [1]]),
+        1,
+        1,
+        dim**-0.5,
+    )
+    written = cache.view(2, -1, dim // 32 * 34)[:, slots]
+    assert torch.equal(written[0], quantize_q8_0(keys))
+    assert torch.equal(written[1], records)
+    assert torch.equal(out, dequantize_q8_0(records))
 
 
 def test_attention_by_kv_group_equals_attention_head_by_head(ops):

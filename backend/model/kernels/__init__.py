@@ -28,10 +28,18 @@ CFLAGS = ["-O3", "-std=c++17", "-ffp-contract=off"]
 LDFLAGS = ["-pthread"]
 SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("bindings.cpp", "lowbit.cpp", "lowbit_int8.cpp", "layer_ops.cpp", "decoder_stack.cpp", "thread_pool.cpp")
+    for n in (
+        "bindings.cpp",
+        "lowbit.cpp",
+        "lowbit_int8.cpp",
+        "layer_ops.cpp",
+        "kv_formats.cpp",
+        "decoder_stack.cpp",
+        "thread_pool.cpp",
+    )
 ]
 HEADERS = [
-    Path(__file__).with_name(n) for n in ("lowbit_tiles.h", "ops.h", "thread_pool.h")
+    Path(__file__).with_name(n) for n in ("lowbit_tiles.h", "ops.h", "kv_formats.h", "thread_pool.h")
 ]  # included: part of the build key
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 _REPO = Path(__file__).resolve().parents[3]

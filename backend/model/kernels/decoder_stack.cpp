@@ -158,9 +158,12 @@ class DecoderStack {
     const int64_t n = layers(), rows = ids.numel(), vocab = embed_.vocab, table_rows = cos_table.size(0);
     check_rows(cos_table, table_rows, dim_, "cos_table");
     check_rows(sin_table, table_rows, dim_, "sin_table");
+    const KvFormat format = kv_format_of(kv_cache.scalar_type());
     TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.dim() == 6 && kv_cache.size(0) >= n &&
-                    kv_cache.size(4) == kv_heads_ && kv_cache.size(5) == dim_,
-                "kv_cache must be contiguous [layers, 2, blocks, block_size, ", kv_heads_, ", ", dim_, "]");
+                    kv_cache.size(4) == kv_heads_ && kv_cache.size(5) == kv_row_elements(format, dim_) &&
+                    (format != KV_Q8_0 || dim_ % kQ8Block == 0),
+                "kv_cache must be contiguous [layers, 2, blocks, block_size, ", kv_heads_, ", ",
+                kv_row_elements(format, dim_), "] (q8_0: head_dim a multiple of 32)");
     const at::Tensor slot = slots.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
     const at::Tensor seq = row_seq.to(at::kLong).contiguous(), tables = block_tables.to(at::kLong).contiguous();
     TORCH_CHECK(slot.numel() == rows && pos.numel() == rows && seq.numel() == rows && tables.dim() == 2,
@@ -173,7 +176,7 @@ class DecoderStack {
     const int64_t layer_elements = kv_cache.numel() / kv_cache.size(0);
     PagedKv kv{nullptr, layer_elements / 2, kv_cache.size(3), heads_, kv_heads_, dim_, tables.size(1),
                slot.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), seq.data_ptr<int64_t>(),
-               tables.data_ptr<int64_t>(), (float)scale_, kv_format_of(kv_cache.scalar_type())};
+               tables.data_ptr<int64_t>(), (float)scale_, format};
     const int64_t attention_width = heads_ * dim_;
     // the layer's activations: consecutive [rows, width] slices of one workspace
     const auto options = at::TensorOptions().dtype(at::kFloat);

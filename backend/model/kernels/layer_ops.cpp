@@ -1,7 +1,8 @@
 // The small ops of a Llama decoder layer, each one pass over its data instead of a handful of torch ops:
 // residual add + RMSNorm, SiLU(gate) * up, and RoPE + KV-cache write + attention over the paged KV blocks
 // in place (no gather of each sequence's blocks into a padded tensor). fp32 arithmetic; the KV cache may hold
-// 16-bit floats (kv_cache_dtype), widened to fp32 a block at a time before the fp32 code reads them. Element-wise arithmetic
+// 16-bit floats or q8_0 records (kv_cache_dtype, kv_formats.h), made fp32 a block at a time before the fp32 code
+// reads them. Element-wise arithmetic
 // follows Hugging Face's op for op (the extension is built with -ffp-contract=off, so `a * b + c * d` rounds
 // as torch rounds it); only the order of the reductions (sums of squares, dot products, softmax sums) differs.
 // Each function is compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks one for the running CPU
@@ -9,14 +10,13 @@
 // CPU: GCC dispatches `arch=haswell` / `arch=skylake-avx512` clones on the CPU model (__builtin_cpu_is), so every
 // AMD and most Intel CPUs ran the baseline SSE2 copy; `layer_ops_isa` reports the pick and a test holds it.
 #include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "kv_formats.h"
 #include "ops.h"
 #include "thread_pool.h"
 
@@ -134,63 +134,6 @@ __attribute__((target("avx2,fma"))) void key_scores(const float* q, const float*
   }
 }
 
-// out[r * dim + i] = float(in[r * stride + i]) for `rows` rows of `dim` 16-bit floats (`format` KV_F16 or KV_BF16),
-// `stride` elements apart: a block of a 16-bit KV cache made float32 (exactly: every 16-bit float is a float32).
-__attribute__((target("default"))) void widen_rows(const uint16_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                   KvFormat format, float* out) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < dim; ++i) {
-      const uint16_t bits = in[r * stride + i];
-      out[r * dim + i] = format == KV_F16 ? float(c10::Half(bits, c10::Half::from_bits()))
-                                          : float(c10::BFloat16(bits, c10::BFloat16::from_bits()));
-    }
-}
-
-// A macro, not a template (see EXP_LANES): W lanes a step, the tail as the baseline copy widens it.
-#define LOAD_8_HALVES(p) _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
-#define LOAD_16_HALVES(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-#define WIDEN_LANES(W, LOAD16, F16_TO_PS, U16_TO_EPI32, SLLI, CAST, STOREU)                                  \
-  const int64_t body = dim - dim % W;                                                                      \
-  for (int64_t r = 0; r < rows; ++r) {                                                                     \
-    const uint16_t* row = in + r * stride;                                                                 \
-    float* to = out + r * dim;                                                                             \
-    for (int64_t i = 0; i < body; i += W) {                                                                \
-      const auto half = LOAD16(row + i);                                                                   \
-      STOREU(to + i, format == KV_F16 ? F16_TO_PS(half) : CAST(SLLI(U16_TO_EPI32(half), 16)));             \
-    }                                                                                                      \
-    for (int64_t i = body; i < dim; ++i)                                                                   \
-      to[i] = format == KV_F16 ? float(c10::Half(row[i], c10::Half::from_bits()))                          \
-                               : float(c10::BFloat16(row[i], c10::BFloat16::from_bits()));                 \
-  }
-
-__attribute__((target("avx2,f16c"))) void widen_rows(const uint16_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                     KvFormat format, float* out) {
-  WIDEN_LANES(8, LOAD_8_HALVES, _mm256_cvtph_ps, _mm256_cvtepu16_epi32, _mm256_slli_epi32, _mm256_castsi256_ps,
-              _mm256_storeu_ps)
-}
-
-__attribute__((target("avx512f"))) void widen_rows(const uint16_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                   KvFormat format, float* out) {
-  WIDEN_LANES(16, LOAD_16_HALVES, _mm512_cvtph_ps, _mm512_cvtepu16_epi32, _mm512_slli_epi32, _mm512_castsi512_ps,
-              _mm512_storeu_ps)
-}
-#undef WIDEN_LANES
-#undef LOAD_8_HALVES
-#undef LOAD_16_HALVES
-
-// `n` floats into a cache row of `format`, rounded to nearest even where 16-bit (torch's .to() rounding).
-void store_row(const float* in, void* cache, int64_t offset, int64_t n, KvFormat format) {
-  if (format == KV_F32) {
-    std::copy(in, in + n, static_cast<float*>(cache) + offset);
-  } else if (format == KV_F16) {
-    c10::Half* out = static_cast<c10::Half*>(cache) + offset;
-    for (int64_t i = 0; i < n; ++i) out[i] = c10::Half(in[i]);
-  } else {
-    c10::BFloat16* out = static_cast<c10::BFloat16*>(cache) + offset;
-    for (int64_t i = 0; i < n; ++i) out[i] = c10::BFloat16(in[i]);
-  }
-}
-
 CLONES void add_rms_row(float* hidden, const float* delta, const float* weight, float* out, int64_t n, float eps) {
   if (delta != nullptr)
     for (int64_t i = 0; i < n; ++i) hidden[i] += delta[i];
@@ -252,8 +195,8 @@ inline __attribute__((always_inline)) void add_weighted_rows(const float* weight
 // takes the block's keys (and then its values) while they are in L1, so a grouped-query model reads each key and
 // value once per run rather than once per head; each head's arithmetic is what attending it alone computes, in the
 // same order. One call per run, so that its loops run inlined in the copy for this CPU. `keys` and `values` point at
-// the run's KV head in the cache's first slot, elements of `format`; a 16-bit block is widened into `widened`
-// (block_size * dim floats) first, and the fp32 code reads that copy.
+// the run's KV head in the cache's first slot, elements of `format` (`stride` of them per slot); a 16-bit or q8_0
+// block is made fp32 into `widened` (block_size * dim floats) first, and the fp32 code reads that copy.
 inline __attribute__((always_inline)) const float* block_rows(const void* cache, int64_t first, int64_t rows,
                                                               int64_t stride, int64_t dim, KvFormat format,
                                                               float* widened, int64_t& row_stride) {
@@ -261,7 +204,7 @@ inline __attribute__((always_inline)) const float* block_rows(const void* cache,
     row_stride = stride;
     return static_cast<const float*>(cache) + first;
   }
-  widen_rows(static_cast<const uint16_t*>(cache) + first, stride, rows, dim, format, widened);
+  kv_rows_to_float(cache, first, stride, rows, dim, format, widened);
   row_stride = dim;
   return widened;
 }
@@ -315,13 +258,6 @@ __attribute__((target("default"))) void attend(ATTEND_ARGS) { attend_with<Vec8>(
 
 int64_t layer_ops_isa() { return clone_isa(); }
 
-KvFormat kv_format_of(at::ScalarType dtype) {
-  if (dtype == at::kFloat) return KV_F32;
-  if (dtype == at::kHalf) return KV_F16;
-  if (dtype == at::kBFloat16) return KV_BF16;
-  TORCH_CHECK(false, "the KV cache must be float32, float16 or bfloat16, not ", dtype);
-}
-
 void add_rms_norm_into(float* hidden, const float* delta, const float* weight, float* out, int64_t rows, int64_t n,
                        float eps) {
   for (int64_t r = 0; r < rows; ++r)
@@ -368,20 +304,22 @@ at::Tensor silu_mul(at::Tensor gate_up) {
 void rope_paged_attention_into(const float* x, const float* cos, const float* sin, int64_t rows, const PagedKv& kv,
                                float* q, float* o) {
   const int64_t heads = kv.heads, kv_heads = kv.kv_heads, dim = kv.dim, width = (heads + 2 * kv_heads) * dim;
+  const int64_t row = kv_row_elements(kv.format, dim), element = kv_element_bytes(kv.format);  // of the cache
   std::vector<float> key(dim);
   for (int64_t t = 0; t < rows; ++t) {  // RoPE on q and k, keys and values into their slots
     const float* c = cos + t * dim;
     const float* s = sin + t * dim;
     for (int64_t h = 0; h < heads; ++h) rope_head(x + t * width + h * dim, c, s, q + (t * heads + h) * dim, dim);
-    const int64_t slot = kv.slots[t] * kv_heads * dim;
+    const int64_t slot = kv.slots[t] * kv_heads * row;
     for (int64_t h = 0; h < kv_heads; ++h) {
       if (kv.format == KV_F32) {  // rotated straight into the cache
         rope_head(x + t * width + (heads + h) * dim, c, s, static_cast<float*>(kv.cache) + slot + h * dim, dim);
       } else {
         rope_head(x + t * width + (heads + h) * dim, c, s, key.data(), dim);
-        store_row(key.data(), kv.cache, slot + h * dim, dim, kv.format);
+        kv_store_row(key.data(), kv.cache, slot + h * row, dim, kv.format);
       }
-      store_row(x + t * width + (heads + kv_heads + h) * dim, kv.cache, kv.cache_half + slot + h * dim, dim, kv.format);
+      kv_store_row(x + t * width + (heads + kv_heads + h) * dim, kv.cache, kv.cache_half + slot + h * row, dim,
+                   kv.format);
     }
   }
   std::fill(o, o + rows * heads * dim, 0.f);
@@ -397,10 +335,9 @@ void rope_paged_attention_into(const float* x, const float* cos, const float* si
       const int64_t* table = kv.block_tables + kv.row_seq[t] * kv.max_blocks;
       TORCH_CHECK((context + kv.block_size - 1) / kv.block_size <= kv.max_blocks, "block table too short for row ", t);
       scores.resize(run * context);
-      const int64_t element = kv.format == KV_F32 ? sizeof(float) : sizeof(uint16_t);
       const char* cache = static_cast<const char*>(kv.cache);
-      attend(q + (t * heads + h) * dim, run, cache + kvh * dim * element, cache + (kv.cache_half + kvh * dim) * element,
-             kv.format, table, context, kv.block_size, kv_heads * dim, dim, kv.scale, scores.data(), widened.data(),
+      attend(q + (t * heads + h) * dim, run, cache + kvh * row * element, cache + (kv.cache_half + kvh * row) * element,
+             kv.format, table, context, kv.block_size, kv_heads * row, dim, kv.scale, scores.data(), widened.data(),
              o + (t * heads + h) * dim);
     }
   });
@@ -408,8 +345,8 @@ void rope_paged_attention_into(const float* x, const float* cos, const float* si
 
 // One layer's attention for a step of short queries, reading the paged KV cache in place.
 //   qkv [T, (H + 2 KVH) * D]: this step's projections; cos, sin [T, D]: rotary tables of each row's position
-//   layer_cache [2, blocks, block_size, KVH, D] (float32, float16 or bfloat16): written at `slots` [T] with the
-//   rotated keys and the values
+//   layer_cache [2, blocks, block_size, KVH, D] (float32, float16 or bfloat16; or uint8 [..., KVH, D / 32 * 34],
+//   q8_0 records): written at `slots` [T] with the rotated keys and the values
 //   positions [T]: each row's position; row_seq [T]: its sequence, an index into block_tables [S, max_blocks]
 // Row t attends to its sequence's keys at positions 0..positions[t] (causal, so draft rows of one sequence see
 // the drafts before them). Returns [T, H * D].
@@ -425,15 +362,17 @@ at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, 
   auto pos = positions.to(at::kLong).contiguous();
   auto seq = row_seq.to(at::kLong).contiguous();
   auto tables = block_tables.to(at::kLong).contiguous();
-  const int64_t rows = qkv.size(0), dim = layer_cache.size(4);
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && layer_cache.size(3) == kv_heads,
-              "qkv / cache shapes do not match the heads");
+  const KvFormat format = kv_format_of(layer_cache.scalar_type());
+  const int64_t rows = qkv.size(0), dim = qkv.size(1) / (heads + 2 * kv_heads);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && layer_cache.size(3) == kv_heads &&
+                  (format != KV_Q8_0 || dim % kQ8Block == 0) && layer_cache.size(4) == kv_row_elements(format, dim),
+              "qkv / cache shapes do not match the heads (a q8_0 cache needs a head_dim that is a multiple of 32)");
   TORCH_CHECK(cos.size(0) == rows && cos.size(1) == dim && sin.sizes() == cos.sizes(), "cos/sin must be [T, D]");
   const PagedKv kv{layer_cache.data_ptr(),   layer_cache.numel() / 2,  layer_cache.size(2),
                    heads,                    kv_heads,                  dim,
                    tables.size(1),           slot.data_ptr<int64_t>(),  pos.data_ptr<int64_t>(),
                    seq.data_ptr<int64_t>(),  tables.data_ptr<int64_t>(), (float)scale,
-                   kv_format_of(layer_cache.scalar_type())};
+                   format};
   auto queries = at::empty({rows, heads * dim}, qkv.options());
   auto out = at::empty({rows, heads * dim}, qkv.options());
   rope_paged_attention_into(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows, kv,

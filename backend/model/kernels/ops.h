@@ -2,6 +2,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include "kv_formats.h"
+
 int64_t best_isa();       // lowbit.cpp
 int64_t layer_ops_isa();  // layer_ops.cpp
 at::Tensor lowbit_linear(at::Tensor x, at::Tensor packed, int64_t out_features, int64_t format, int64_t isa);
@@ -31,14 +33,9 @@ void lowbit_linear_into(const float* x, int64_t rows, int64_t in_features, const
 void add_rms_norm_into(float* hidden, const float* delta, const float* weight, float* out, int64_t rows, int64_t n,
                        float eps);
 void silu_mul_into(const float* gate_up, float* out, int64_t rows, int64_t n);
-// What a paged KV cache's elements are (EngineConfig.kv_cache_dtype): float32, or 16-bit floats that keys and values
-// are rounded to when written (to nearest even, as torch's .to() rounds) and widened from, exactly, when read.
-enum KvFormat : int64_t { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
-// The format of a cache tensor's dtype; anything else is refused, naming what is allowed.
-KvFormat kv_format_of(at::ScalarType dtype);
 // A layer's paged KV cache and the step's rows' places in it (rope_paged_attention's arguments as raw pointers).
 struct PagedKv {
-  void* cache;  // [2, blocks, block_size, kv_heads, dim] of `format`: keys, then values
+  void* cache;  // [2, blocks, block_size, kv_heads, kv_row_elements(format, dim)] of `format`: keys, then values
   int64_t cache_half, block_size, heads, kv_heads, dim, max_blocks;  // cache_half: elements, not bytes
   const int64_t *slots, *positions, *row_seq, *block_tables;
   float scale;
