@@ -14,6 +14,11 @@ Each sequence therefore keeps three numbers:
   once per interval. A probe for which the proposer finds nothing (n-gram: no match, free) is retried at the
   next step, so the probe is spent only on a real draft.
 
+A proposer that sizes its own drafts (suffix decoding stops where a continuation's probability does;
+`Proposer.sizes_drafts`) is asked for the cap whenever its sequence is on: a short or rejected draft says how
+much evidence the context had, not how long the next one should be. Switching off below `min_acceptance` and
+the probes are the same.
+
 The cap is the configured k, the request's own `num_speculative_tokens` and its remaining output; the batch
 rule (`spec_max_batch_size`) is applied by the caller for the whole step.
 """
@@ -37,8 +42,9 @@ class SeqSpecState:
 
 
 class AdaptivePolicy:
-    def __init__(self, max_k: int, min_acceptance: float, probe_interval: int):
+    def __init__(self, max_k: int, min_acceptance: float, probe_interval: int, full_length: bool = False):
         self.max_k = max_k
+        self.full_length = full_length  # the proposer sizes its drafts: k is the cap while on
         self.min_acceptance = min_acceptance
         self.probe_interval = probe_interval
         self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> SeqSpecState
@@ -46,7 +52,8 @@ class AdaptivePolicy:
     def state(self, seq) -> SeqSpecState:
         st = self._states.get(seq)
         if st is None:
-            st = self._states[seq] = SeqSpecState(min(INITIAL_K, self.max_k), INITIAL_RATE)
+            k = self.max_k if self.full_length else min(INITIAL_K, self.max_k)
+            st = self._states[seq] = SeqSpecState(k, INITIAL_RATE)
         return st
 
     def draft_length(self, seq, cap: int) -> int:
@@ -66,9 +73,10 @@ class AdaptivePolicy:
             return
         st = self.state(seq)
         st.rate += SMOOTHING * (accepted / drafted - st.rate)
-        if accepted == drafted:
-            st.k = min(self.max_k, max(st.k, drafted) + 1)  # a probe that is accepted turns it back on
+        if accepted == drafted:  # a probe that is accepted turns it back on
+            st.k = self.max_k if self.full_length else min(self.max_k, max(st.k, drafted) + 1)
             return
-        st.k = min(st.k, accepted + 1)  # a rejected probe (k 0) stays off
+        if not self.full_length:
+            st.k = min(st.k, accepted + 1)  # a rejected probe (k 0) stays off
         if st.k == 0 or st.rate < self.min_acceptance:
             st.k, st.idle = 0, 0

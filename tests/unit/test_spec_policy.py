@@ -47,6 +47,16 @@ def test_k_grows_to_the_max_while_drafts_are_accepted():
     assert [step(p, seq) for _ in range(5)] == [INITIAL_K, 3, 4, 4, 4]
 
 
+def test_a_proposer_that_sizes_its_drafts_is_asked_for_the_cap_while_on():
+    p, seq = AdaptivePolicy(4, 0.3, 4, full_length=True), FakeSeq()
+    assert step(p, seq) == 4  # from the first draft
+    assert step(p, seq, accepted=1) == 4
+    assert p.state(seq).k == 4  # a partly rejected draft does not shorten the next
+    turn_off(p, seq)  # mostly rejected drafts still switch it off
+    assert [step(p, seq) for _ in range(4)] == [0, 0, 0, 1]  # a probe, accepted: back to the cap
+    assert step(p, seq) == 4
+
+
 def test_k_shrinks_to_the_accepted_length_plus_one():
     p, seq = policy(max_k=4), FakeSeq()
     for _ in range(3):
