@@ -72,7 +72,7 @@ TENSORRT_LLM_MODELS = (
     "ensemble",
     "tensorrt_llm_bls",
     "tensorrt_llm",
-    "tensorrt_llm_llmapi",
+    "tensorrt_llm_core",
     "preprocessing",
     "postprocessing",
 )

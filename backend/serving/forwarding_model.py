@@ -1,5 +1,5 @@
-"""Triton glue of the TensorRT-LLM contract's models (`ensemble`, `tensorrt_llm_bls`, the core `tensorrt_llm` and the
-LLM-API `tensorrt_llm_llmapi`): each batch item of a request becomes one request to `llm` through BLS, on a thread of
+"""Triton glue of the TensorRT-LLM contract's models (`ensemble`, `tensorrt_llm_bls`, the LLM-API `tensorrt_llm` and
+the core `tensorrt_llm_core`): each batch item of a request becomes one request to `llm` through BLS, on a thread of
 its own, and `llm`'s responses come back translated (`trtllm_contract.py`, `trtllm_core_contract.py`,
 `trtllm_llmapi_contract.py`, chosen by the `contract` parameter).
 `llm`'s one engine serves them all, in its in-flight batch beside everyone else's requests; these models hold no

@@ -80,7 +80,7 @@ UNSUPPORTED = {
     },
 }
 REQUIRED = {
-    "input_ids": "the prompt's token ids, shape [batch, tokens] (a text prompt: tensorrt_llm_llmapi's text_input)",
+    "input_ids": "the prompt's token ids, shape [batch, tokens] (a text prompt: the tensorrt_llm model's text_input)",
     "input_lengths": "each prompt's length, shape [batch, 1]",
     "request_output_len": "the number of tokens to generate, shape [batch, 1]",
 }

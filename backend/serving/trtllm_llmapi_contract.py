@@ -81,8 +81,8 @@ def batch_size(tensors: dict[str, np.ndarray]) -> int:
     text_input holds exactly one prompt."""
     if "text_input" not in tensors:
         raise InvalidRequest(
-            "text_input is required: the prompt, shape [1] (a prompt of token ids goes to the tensorrt_llm model's "
-            "input_ids)"
+            "text_input is required: the prompt, shape [1] (a prompt of token ids goes to the tensorrt_llm_core "
+            "model's input_ids)"
         )
     if tensors["text_input"].size != 1:
         raise InvalidRequest(
@@ -108,7 +108,7 @@ def with_parameters(tensors: dict[str, np.ndarray], parameters_json: str) -> dic
                 f"unknown request parameter {key!r}: the parameters are the sampling inputs, with or without their "
                 f"{PREFIX} prefix ({', '.join(SAMPLING)}), and this model's other inputs ({', '.join(_others())})"
                 + (
-                    "; a prompt of token ids goes to the tensorrt_llm model's input_ids"
+                    "; a prompt of token ids goes to the tensorrt_llm_core model's input_ids"
                     if key in ("input_ids", "input_lengths", "request_output_len")
                     else ""
                 )

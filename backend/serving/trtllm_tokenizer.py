@@ -1,5 +1,5 @@
 """TensorRT-LLM's `preprocessing` and `postprocessing` models in our terms: the tokenizer steps its pipeline clients
-run around the core `tensorrt_llm` model (its end_to_end_test.py calls the three in turn, then checks the
+run around the core model (`tensorrt_llm_core`) (its end_to_end_test.py calls the three in turn, then checks the
 `ensemble` answers the same). Text to token ids, word lists to its `[2, L]` form, embedding-bias words to a
 vector over the vocabulary; token ids back to text. Pure numpy and a tokenizer with transformers' encode, decode,
 eos_token_id, pad_token_id and len (backend/protocol/text_tokenizer.py's); the Triton glue is

@@ -1,11 +1,10 @@
-"""TensorRT-LLM's core model contract against the real server: `tensorrt_llm` (token ids in, `output_ids` out; not
+"""TensorRT-LLM's core model contract against the real server: `tensorrt_llm_core` (token ids in, `output_ids` out; not
 decoupled, as its quick start deploys it) forwards to `llm` (fp32, exact), called the way its
 inflight_batcher_llm_client.py calls it: `input_ids` `[1, L]`, every other input `[1, 1]`."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from backend.serving.trtllm_core_contract import INPUTS
 from tests.integration.test_trtllm_contract_e2e import NUMPY, PROMPT, client_inputs, grpc_stream
 
-MODEL = "tensorrt_llm"
+MODEL = "tensorrt_llm_core"
 
 
 def core_inputs(prompt_ids: list[int], output_len: int, **values) -> dict[str, np.ndarray]:
@@ -104,13 +103,14 @@ def test_a_stop_request_ends_the_request_of_the_same_id_early(server, reference)
     answers: list = []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     done = threading.Event()
+    before = server.settled_metrics().get("llm_generation_tokens_total")
     client.async_infer(
         MODEL,
         client_inputs(core_inputs(ids, 400)),
         callback=lambda result, error: (answers.append(error or result), done.set()),
         request_id="stop-me",
     )
-    time.sleep(1.0)
+    server.wait_for(lambda m: m.get("llm_generation_tokens_total") > before, what="the request's first token")
     stop = {
         "input_ids": np.empty((1, 1), np.int32),
         "input_lengths": np.array([[0]], np.int32),
@@ -128,8 +128,8 @@ def test_a_stop_request_ends_the_request_of_the_same_id_early(server, reference)
 
 
 def test_its_pipeline_of_preprocessing_core_and_postprocessing_equals_the_ensemble(server):
-    """end_to_end_test.py's check: preprocessing, tensorrt_llm and postprocessing called in turn give the ensemble's
-    text_output byte for byte, and the same log probs."""
+    """end_to_end_test.py's check: preprocessing, the core model and postprocessing called in turn give the
+    ensemble's text_output byte for byte, and the same log probs."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     words = {"BAD_WORDS_DICT": np.array([[b""]], object), "STOP_WORDS_DICT": np.array([[b""]], object)}
     query = {"QUERY": np.array([[PROMPT.encode()]], object), "REQUEST_OUTPUT_LEN": np.array([[10]], np.int32)}

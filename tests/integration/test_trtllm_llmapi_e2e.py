@@ -1,4 +1,4 @@
-"""TensorRT-LLM's LLM-API Triton model against the real server: `tensorrt_llm_llmapi` (text in, text out, no batch
+"""TensorRT-LLM's LLM-API Triton model against the real server: `tensorrt_llm` (text in, text out, no batch
 dimension; not decoupled, as its model.yaml ships) forwards to `llm` (fp32, exact), called the way its docs/llmapi.md
 and `end_to_end_test.py --test-llmapi` call it: the generate endpoint's curl, HTTP and gRPC `infer` with `[1]`
 tensors, gRPC streaming (a decoupled copy, loaded here), `--sampling-params` and `--output-config`. Every declared
@@ -21,9 +21,9 @@ import launcher
 from backend.serving.trtllm_llmapi_contract import INPUTS, OUTPUTS
 from tests.integration.test_trtllm_contract_e2e import NUMPY, client_inputs, generate, greedy, grpc_stream
 
-MODEL = "tensorrt_llm_llmapi"
-STREAMING = "tensorrt_llm_llmapi_streaming"  # the same model, decoupled (loaded by the `models` fixture)
-ON_LORA = "tensorrt_llm_llmapi_lora"  # the same model, forwarding to the LoRA variant
+MODEL = "tensorrt_llm"
+STREAMING = "tensorrt_llm_streaming"  # the same model, decoupled (loaded by the `models` fixture)
+ON_LORA = "tensorrt_llm_lora"  # the same model, forwarding to the LoRA variant
 PROMPT = "The future of AI is"
 DTYPES = {"BYTES": object, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64}
 
@@ -207,9 +207,9 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server, refe
     status, (answer,) = generate(server, MODEL, {"text_input": PROMPT, "max_token": 5})
     assert status == 400 and "unknown request parameter 'max_token'" in answer["error"], answer
     status, (answer,) = generate(server, MODEL, {"text_input": PROMPT, "input_ids": 5})
-    assert status == 400 and "tensorrt_llm model's input_ids" in answer["error"], answer
-    status, (answer,) = generate(server, "tensorrt_llm", {"text_input": PROMPT, "request_output_len": 4})
-    assert status == 400 and "a text prompt: tensorrt_llm_llmapi's text_input" in answer["error"], answer
+    assert status == 400 and "tensorrt_llm_core model's input_ids" in answer["error"], answer
+    status, (answer,) = generate(server, "tensorrt_llm_core", {"text_input": PROMPT, "request_output_len": 4})
+    assert status == 400 and "a text prompt: the tensorrt_llm model's text_input" in answer["error"], answer
     assert text(infer(server, inputs(sampling_param_max_tokens=3))) == PROMPT + greedy(reference, PROMPT, 3)
 
 

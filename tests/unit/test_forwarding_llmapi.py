@@ -1,4 +1,4 @@
-"""backend/serving/forwarding_model.py serving TensorRT-LLM's LLM-API contract (`tensorrt_llm_llmapi`), with the fake
+"""backend/serving/forwarding_model.py serving TensorRT-LLM's LLM-API contract (`tensorrt_llm`), with the fake
 `triton_python_backend_utils` of test_forwarding_model.py: what it asks `llm` for, request parameters, best_of in one
 response, stop requests, LoRA adapters loaded on first use, `llm`'s block size (the real server:
 tests/integration/test_trtllm_llmapi_e2e.py)."""
@@ -45,7 +45,7 @@ def llmapi(monkeypatch, tmp_path):
             "parameters": {"llm_model_name": {"string_value": "llm"}, "contract": {"string_value": "llmapi"}},
         }
         model.initialize(
-            {"model_config": json.dumps(config), "model_repository": str(tmp_path / "tensorrt_llm_llmapi")}
+            {"model_config": json.dumps(config), "model_repository": str(tmp_path / "tensorrt_llm")}
         )
         return model, pb
 

@@ -1,5 +1,5 @@
-"""backend/serving/trtllm_core_contract.py: TensorRT-LLM's core `tensorrt_llm` model (token ids in and out) in our
-terms: its inputs as sampling parameters, its `[2, L]` word lists, its embedding bias vector, output_ids with the
+"""backend/serving/trtllm_core_contract.py: TensorRT-LLM's core model (`tensorrt_llm_core`: token ids in and out) in
+our terms: its inputs as sampling parameters, its `[2, L]` word lists, its embedding bias vector, output_ids with the
 prompt first where TensorRT-LLM puts it, and its stop requests (the real server:
 tests/integration/test_trtllm_core_e2e.py)."""
 
@@ -109,6 +109,6 @@ def test_a_stop_request_is_recognised_before_its_other_inputs_are_read():
 
 
 def test_the_model_config_declares_the_contracts_tensors():
-    inputs, outputs, text = declared_tensors("tensorrt_llm")
+    inputs, outputs, text = declared_tensors("tensorrt_llm_core")
     assert (inputs, outputs) == (core.INPUTS, core.OUTPUTS)
     assert 'key: "contract", value: { string_value: "tokens" }' in text and "max_batch_size: 64" in text

@@ -84,7 +84,7 @@ def llm(text: str | list[str], finish: str | list[str] = "None", **extra) -> dic
 
 
 def test_the_model_config_declares_tensorrt_llms_tensors_without_a_batch_dimension():
-    inputs, outputs, text = declared_tensors("tensorrt_llm_llmapi")
+    inputs, outputs, text = declared_tensors("tensorrt_llm")
     assert (inputs, outputs) == (api.INPUTS, api.OUTPUTS) == (THEIRS_INPUTS, THEIRS_OUTPUTS)
     assert "max_batch_size: 0" in text and 'string_value: "llmapi"' in text
 
@@ -193,7 +193,7 @@ def test_bad_inputs_are_refused_naming_the_input(values, message):
 
 
 def test_one_prompt_is_required():
-    with pytest.raises(InvalidRequest, match="text_input is required.*tensorrt_llm model's input_ids"):
+    with pytest.raises(InvalidRequest, match="text_input is required.*tensorrt_llm_core model's input_ids"):
         api.batch_size({})
     with pytest.raises(InvalidRequest, match=r"text_input must hold one prompt \(shape \[1\]\), got shape \[2\]"):
         api.batch_size(tensors(text_input=["a", "b"]))

@@ -1,3 +1,3 @@
-"""TensorRT-LLM's `tensorrt_llm` core model: backend/serving/forwarding_model.py."""
+"""TensorRT-LLM's LLM-API `tensorrt_llm` model: backend/serving/forwarding_model.py."""
 
 from backend.serving.forwarding_model import TritonPythonModel  # noqa: F401
