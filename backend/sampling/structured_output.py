@@ -1,8 +1,9 @@
 """Structured output: grammar-constrained decoding with llguidance.
 
 A request may demand text that fits a JSON schema, any JSON object, a regular expression, one of a list of
-strings, or a grammar (Lark, or GBNF/EBNF as llama.cpp and vLLM write it). The request side turns the client's
-keys into one constraint (backend/protocol/guided_decoding.py, pure). The engine side:
+strings, a grammar (Lark, or GBNF/EBNF as llama.cpp and vLLM write it), or a structural tag (free text in which
+JSON fitting a schema follows each trigger). The request side turns the client's keys into one constraint
+(backend/protocol/guided_decoding.py, pure). The engine side:
 
 - `GrammarCompiler` turns each constraint into llguidance's grammar (`grammar_text`) and compiles each distinct
   one once, on a small thread pool (never on the engine thread), keeping the compiled matcher in an LRU cache
@@ -43,14 +44,24 @@ from backend.protocol.wire import INTERNAL, INVALID_REQUEST, ErrorText
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+def json_options(guided: GuidedDecoding) -> dict:
+    """llguidance's JSON options for a constraint: compact (one space after each separator) unless the client
+    allowed any whitespace or gave the whitespace's pattern."""
+    if guided.whitespace_pattern is not None:  # the pattern, wherever JSON allows whitespace
+        return {"whitespace_pattern": guided.whitespace_pattern}
+    return {"whitespace_flexible": True} if guided.any_whitespace else dict(_JSON_OPTIONS)
+
+
 def grammar_text(guided: GuidedDecoding) -> str:
     """llguidance's grammar for a constraint (backend/protocol/guided_decoding.py checked its shape); GBNF that
     does not convert raises InvalidRequest naming the client's key."""
     kind, spec = guided.kind, guided.spec
     if kind == "json_object":
-        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=json_options(guided))
     if kind == "json":
-        return LLMatcher.grammar_from_json_schema(json.loads(spec), defaults=_JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(json.loads(spec), defaults=json_options(guided))
+    if kind == "structural_tag":
+        return _structural_tag_grammar(guided)
     if kind == "choice":
         return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(spec)))
     if kind == "regex":
@@ -61,6 +72,22 @@ def grammar_text(guided: GuidedDecoding) -> str:
         raise InvalidRequest(f"{guided.key} is not a valid grammar: {exc}") from None
 
 
+def _structural_tag_grammar(guided: GuidedDecoding) -> str:
+    """Free text in which each structure, once its trigger is generated, continues with its begin text, JSON that
+    fits its schema (written as json_options says: llguidance reads them from the schema's `x-guidance`) and its
+    end text."""
+    options = json_options(guided)
+    tags = []
+    for structure in json.loads(guided.spec)["structures"]:  # each schema an object (guided_decoding.py)
+        schema = {**structure["schema"], "x-guidance": options}
+        tags.append(
+            llguidance.StructTag(
+                trigger=structure["trigger"], begin=structure["begin"], grammar=schema, end=structure["end"]
+            )
+        )
+    return llguidance.StructTag.to_grammar(tags)
+
+
 class GrammarCompiler:
     """Compiles grammars off the engine thread, each distinct text once (LRU cache of compiled matchers)."""
 
@@ -69,7 +96,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.cache_size = cache_size
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="grammar")
-        self._cache: OrderedDict[tuple[str, str], concurrent.futures.Future] = OrderedDict()
+        self._cache: OrderedDict[tuple, concurrent.futures.Future] = OrderedDict()
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()  # held while the tokenizer is built (about a second), once
         self._tokenizer: llguidance.LLTokenizer | None = None
@@ -78,7 +105,7 @@ class GrammarCompiler:
         """A future of the compiled matcher (in its start state); raises InvalidRequest when it is resolved if
         the grammar does not compile."""
         with self._lock:
-            key = (guided.kind, guided.spec)
+            key = (guided.kind, guided.spec, guided.any_whitespace, guided.whitespace_pattern)
             future = self._cache.get(key)
             if future is None:
                 future = self._cache[key] = self._pool.submit(self._compile, guided)
@@ -118,6 +145,7 @@ _WHAT = {
     "regex": "regular expression",
     "choice": "choice list",
     "grammar": "grammar",
+    "structural_tag": "structural tag",
 }
 
 

@@ -22,6 +22,14 @@ from tests.unit.engine_runs import check_pool_empty, run
 
 # ----------------------------------------------------------------------------------------------- client keys
 
+POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+# vLLM's structural tag: free text, in which JSON fitting the schema follows "<point>" up to "</point>"
+STRUCTURAL_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<point>", "schema": POINT, "end": "</point>"}],
+    "triggers": ["<point"],
+}
+
 
 @pytest.mark.parametrize(
     "values, kind",
@@ -37,6 +45,12 @@ from tests.unit.engine_runs import check_pool_empty, run
         ({"structured_outputs": {"regex": "[a-z]"}}, "regex"),
         ({"structured_outputs": '{"choice": ["x"]}'}, "choice"),
         ({"structured_outputs": {"json_object": True}}, "json_object"),
+        ({"structured_outputs": json.dumps({"choice": ["Positive", "Negative"]})}, "choice"),  # vllm_backend's CI
+        ({"guided_decoding": json.dumps({"choice": ["Positive", "Negative"]})}, "choice"),  # its releases <= 25.10
+        ({"guided_decoding": {"regex": "[0-9]+", "backend": "outlines", "disable_fallback": True}}, "regex"),
+        ({"structured_outputs": {"grammar": 'root ::= "a"', "whitespace_pattern": " ?"}}, "grammar"),
+        ({"structured_outputs": {"structural_tag": json.dumps(STRUCTURAL_TAG)}}, "structural_tag"),
+        ({"structured_outputs": {"structural_tag": STRUCTURAL_TAG, "json": None}}, "structural_tag"),
     ],
 )
 def test_client_keys(values, kind):
@@ -74,12 +88,143 @@ def test_no_constraint():
         ({"structured_outputs": {"xml": "<a/>"}}, "unknown structured_outputs key(s) ['xml']"),
         ({"structured_outputs": "[1]"}, "structured_outputs must be an object, got list"),
         ({"structured_outputs": "{"}, "structured_outputs must be a JSON object"),
+        ({"structured_outputs": {}}, "structured_outputs names no constraint: give one of ['json', 'json_object'"),
+        ({"guided_decoding": {"disable_any_whitespace": True}}, "guided_decoding names no constraint"),
+        (
+            {"structured_outputs": {"regex": "a", "choice": ["a"]}},
+            "give at most one output constraint, got ['structured_outputs.regex', 'structured_outputs.choice']",
+        ),
+        (
+            {"structured_outputs": {"regex": "a"}, "guided_decoding": {"regex": "b"}},
+            "give at most one output constraint, got ['structured_outputs.regex', 'guided_decoding.regex']",
+        ),
+        (
+            {"structured_outputs": {"regex": "a", "backend": "xgrammar"}},
+            "unknown structured_outputs key(s) ['backend']",
+        ),
+        ({"guided_decoding": {"regex": "a", "backend": "tensorrt"}}, "guided_decoding.backend must be one of ['auto'"),
+        ({"guided_decoding": {"regex": "a", "backend": "xgrammar:fast"}}, "option 'fast' is not one of"),
+        ({"structured_outputs": {"json": POINT, "disable_any_whitespace": "sometimes"}}, "must be true or false"),
+        ({"structured_outputs": {"json": POINT, "whitespace_pattern": ""}}, "whitespace_pattern must be a non-empty"),
+        ({"structured_outputs": {"structural_tag": "{"}}, "structured_outputs.structural_tag must be JSON"),
+        (
+            {"structured_outputs": {"structural_tag": {"type": "structural_tag", "format": {"type": "any_text"}}}},
+            "the 'format' form of a structural tag (xgrammar's) is not served",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": {**STRUCTURAL_TAG, "triggers": ["<fn"]}}},
+            "structural_tag.structures[0].begin '<point>' starts with none of the triggers ['<fn']",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": {**STRUCTURAL_TAG, "structures": [{"begin": "<point>"}]}}},
+            "structures[0] must be an object with exactly begin, schema and end",
+        ),
+        (
+            {"structured_outputs": {"structural_tag": {**STRUCTURAL_TAG, "triggers": []}}},
+            "structural_tag.triggers must be a non-empty list of non-empty strings",
+        ),
     ],
 )
 def test_malformed_constraints(values, fragment):
     with pytest.raises(InvalidRequest) as info:
         pop_guided_decoding(values)
     assert fragment in str(info.value)
+
+
+def test_the_objects_options():
+    """disable_any_whitespace given false allows any whitespace, true (or absent) keeps JSON compact; a
+    whitespace_pattern is kept; disable_additional_properties closes every object schema that lists properties
+    and leaves alone one that says what others may be; a backend's options apply as the options would."""
+    compact = pop_guided_decoding({"structured_outputs": {"json": POINT, "disable_any_whitespace": True}})
+    assert not compact.any_whitespace and compact == pop_guided_decoding({"structured_outputs": {"json": POINT}})
+    assert pop_guided_decoding(
+        {"structured_outputs": {"json_object": True, "disable_any_whitespace": False}}
+    ).any_whitespace
+    assert (
+        pop_guided_decoding({"structured_outputs": {"json": POINT, "whitespace_pattern": "[ ]?"}}).whitespace_pattern
+        == "[ ]?"
+    )
+    open_schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "c": {"type": "array", "items": {"$ref": "#/$defs/d"}},
+            "e": {"anyOf": [{"type": "object", "properties": {"f": {"type": "string"}}}, {"type": "null"}]},
+            "g": {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}},
+        },
+        "$defs": {"d": {"type": "object", "properties": {"h": {"type": "boolean"}}}},
+    }
+    closed = json.loads(
+        pop_guided_decoding({"structured_outputs": {"json": open_schema, "disable_additional_properties": True}}).spec
+    )
+    props = closed["properties"]
+    assert closed["additionalProperties"] is False and props["a"]["additionalProperties"] is False
+    assert closed["$defs"]["d"]["additionalProperties"] is False
+    assert (
+        props["e"]["anyOf"][0]["additionalProperties"] is False and "additionalProperties" not in props["e"]["anyOf"][1]
+    )
+    assert props["g"]["additionalProperties"] == {"type": "integer"}  # said what others may be: left alone
+    assert "additionalProperties" not in open_schema["properties"]["a"]  # the client's object is not changed
+    legacy = pop_guided_decoding(
+        {"guided_decoding": {"json": open_schema, "backend": "xgrammar:no-additional-properties,no-fallback"}}
+    )
+    assert json.loads(legacy.spec) == closed and legacy.key == "guided_decoding.json"
+    tag = json.loads(
+        pop_guided_decoding(
+            {"structured_outputs": {"structural_tag": STRUCTURAL_TAG, "disable_additional_properties": True}}
+        ).spec
+    )
+    assert tag == {
+        "structures": [
+            {
+                "trigger": "<point",
+                "begin": "<point>",
+                "schema": {**POINT, "additionalProperties": False},
+                "end": "</point>",
+            }
+        ]
+    }
+
+
+def _accepts(tokenizer, values: dict, text: str) -> bool:
+    """Whether the constraint's grammar takes `text` (tokenized as the model would write it) and may end there."""
+    import llguidance.hf
+    from llguidance import LLMatcher
+
+    ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+    matcher = LLMatcher(ll_tokenizer, grammar_text(pop_guided_decoding(dict(values))), log_level=0)
+    return all(matcher.consume_token(t) for t in ll_tokenizer.tokenize_str(text)) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(
+    "options, text, accepted",
+    [
+        ({}, '{"x": 1}', True),  # compact: one space after each separator, none elsewhere
+        ({}, '{ "x": 1}', False),
+        ({"disable_any_whitespace": False}, '{ "x" :\n 1 }', True),
+        ({"whitespace_pattern": "[ ]{0,2}"}, '{"x":1}', True),
+        ({"whitespace_pattern": "[ ]{0,2}"}, '{  "x"  :  1}', True),
+        ({"whitespace_pattern": "[ ]{0,2}"}, '{\n"x":1}', False),
+        ({}, '{"x": 1, "y": 2}', True),  # the schema says nothing of other properties
+        ({"disable_additional_properties": True}, '{"x": 1, "y": 2}', False),
+    ],
+)
+def test_the_options_change_the_json_taken(tokenizer, options, text, accepted):
+    assert _accepts(tokenizer, {"structured_outputs": {"json": POINT, **options}}, text) is accepted
+
+
+@pytest.mark.parametrize(
+    "text, accepted",
+    [
+        ("No point here.", True),  # free text
+        ('Here: <point>{"x": 3}</point> and more text', True),
+        ('<point>{"x": 3}</point><point>{"x": -1}</point>', True),
+        ('Here: <point>{"y": 3}</point>', False),  # the schema holds after the trigger
+        ('Here: <point>{"x": 3}', False),  # and the end text must follow
+    ],
+)
+def test_a_structural_tag_constrains_only_what_follows_its_trigger(tokenizer, text, accepted):
+    assert _accepts(tokenizer, {"structured_outputs": {"structural_tag": json.dumps(STRUCTURAL_TAG)}}, text) is accepted
 
 
 # --------------------------------------------------------------------------- masks on a small vocabulary
@@ -206,7 +351,7 @@ def test_each_grammar_compiles_once(small_vocab):
     evicted = compiler.compile(b)
     compiler.compile(a)  # a is now the most recently used
     compiler.compile(c)  # evicts b
-    assert list(compiler._cache) == [(a.kind, a.spec), (c.kind, c.spec)]
+    assert list(compiler._cache) == [(a.kind, a.spec, False, None), (c.kind, c.spec, False, None)]
     assert compiler.compile(a) is first and compiler.compile(b) is not evicted
 
 
