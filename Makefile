@@ -5,6 +5,9 @@
 #   make triton   .triton/backends/ (Triton backend directory assembled from the nvidia-pytriton wheel)
 #   make kernels  .cache/kernels/ (our C++ low-bit kernels, built with torch's extension tooling)
 #   make weights  what the served model reads from its GGUF (python -m backend.model.gguf_weights)
+#   make draft    train an EAGLE-style draft head for the served model on this CPU in DRAFT_MINUTES (60) with
+#                 DRAFT_SEED (0), into DRAFT_DIR (.cache/draft/eagle-smollm2-135m), the folder `draft_model` names
+#                 (python -m backend.spec.train_draft; docs/trained_draft.md)
 #   make serve    run tritonserver and the OpenAI front door in the foreground (HTTP_PORT=8000 GRPC_PORT=8001
 #                 METRICS_PORT=8002 OPENAI_PORT=9000; API_KEY=... makes the front door require it); one Ctrl-C
 #                 stops both
@@ -93,6 +96,15 @@ $(KERNEL_STAMP): $(wildcard backend/model/kernels/*.cpp backend/model/kernels/*.
 # What the served model reads from its GGUF (the weights' resident bytes); servers read the file itself at load.
 weights: model kernels
 	$(VENV_PY) -m backend.model.gguf_weights $(MODEL_DIR)
+
+# The draft head trains from the target's own generations, which it makes first (no data set is downloaded).
+DRAFT_MINUTES ?= 60
+DRAFT_SEED    ?= 0
+DRAFT_DIR     ?= .cache/draft/eagle-smollm2-135m
+.PHONY: draft
+draft: model kernels
+	$(VENV_PY) -m backend.spec.train_draft --model $(MODEL_DIR) --out $(DRAFT_DIR) --minutes $(DRAFT_MINUTES) \
+	  --seed $(DRAFT_SEED)
 
 # Backend directory: the wheel's backends/* plus the stub for the venv's Python version.
 $(TRITON_STAMP): $(VENV_STAMP)

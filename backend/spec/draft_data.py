@@ -1,0 +1,225 @@
+"""The draft head's training data: the target's own generations, with its feature at every generated position.
+
+Prompts are chat requests built from task templates over topics (`prompts`), none of them the benchmarks' own;
+the target answers them (greedy and sampled) through the engine's model runner in batches, and each step's
+logits give the feature they were computed from: the LM head is linear, so a few hundred of its rows determine
+its input (`FeatureRecovery`, the same recovery the serving proposer runs; relative error about 1e-6 in fp32).
+
+A generation is stored as `features` [T, hidden] (fp16) and `tokens` [T]: row i is the target's feature at the
+i-th position from the prompt's last one and the token it chose there.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from backend.model.runner import ForwardItem, ModelRunner
+
+TOPICS = [
+    "the solar system",
+    "volcanoes",
+    "the Roman Empire",
+    "machine learning",
+    "coffee",
+    "honey bees",
+    "chess",
+    "climate change",
+    "the human heart",
+    "electric cars",
+    "the printing press",
+    "jazz music",
+    "sleep",
+    "the ocean tides",
+    "bread baking",
+    "black holes",
+    "the immune system",
+    "a city garden",
+    "the stock market",
+    "rainbows",
+    "the internet",
+    "dinosaurs",
+    "friendship",
+    "public speaking",
+    "recycling",
+    "the moon landing",
+    "earthquakes",
+    "a lighthouse keeper",
+    "gardening tomatoes",
+    "the Great Wall of China",
+    "electricity",
+    "learning a language",
+    "time management",
+    "a dragon",
+    "the desert",
+    "photosynthesis in algae",
+    "chocolate",
+    "the first airplane",
+    "a lost cat",
+    "mountain climbing",
+    "the piano",
+    "budgeting money",
+    "a space station",
+    "wind turbines",
+    "the Olympic Games",
+    "bacteria",
+    "a rainy day",
+    "ancient Egypt",
+    "a small bakery",
+    "sorting algorithms",
+    "the camera",
+    "penguins",
+    "a job interview",
+    "the water in a river",
+    "magnets",
+    "a birthday party",
+    "the human brain",
+    "volunteering",
+    "a haunted house",
+    "recursion in programming",
+]
+TEMPLATES = [
+    "Write a short story about {t}.",
+    "Explain {t} to a ten year old.",
+    "List five interesting facts about {t}.",
+    "What are the main ideas behind {t}?",
+    "Write a poem about {t}.",
+    "Give me three tips related to {t}.",
+    "Describe {t} in a few paragraphs.",
+    "Why is {t} important?",
+    "Write a short essay on {t}.",
+    "What would you tell a friend who wants to learn about {t}?",
+    "Write a dialogue between two people about {t}.",
+    "Summarize what people should know about {t}.",
+]
+
+
+def prompts(seed: int) -> list[str]:
+    """Every template over every topic, shuffled by `seed`."""
+    cases = [template.format(t=topic) for topic in TOPICS for template in TEMPLATES]
+    random.Random(seed).shuffle(cases)
+    return cases
+
+
+class FeatureRecovery:
+    """The LM head's input from its output: logits = W f, so f = pinv(W_S) logits_S for a well-conditioned set S of
+    the head's rows (`rows`; random rows of a 49k x 576 embedding: condition about 150)."""
+
+    def __init__(self, head_rows: torch.Tensor, rows: torch.Tensor):
+        self.rows = rows
+        self.inverse = torch.linalg.pinv(head_rows.double()).float().T.contiguous()  # [|S|, hidden]
+
+    @staticmethod
+    def pick_rows(vocab: int, hidden: int, seed: int) -> torch.Tensor:
+        count = min(vocab, max(2 * hidden, 1024))
+        return torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:count].sort().values
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, self.rows] @ self.inverse
+
+
+def generate(
+    runner: ModelRunner,
+    recovery: FeatureRecovery,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    eos: set[int],
+    seed: int,
+    deadline: float = float("inf"),
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One batch of generations (the runner's KV cache holds len(prompt_ids) sequences of its blocks each), cut
+    short at `deadline` (time.perf_counter)."""
+    per_seq = runner.num_blocks // len(prompt_ids)
+    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(prompt_ids))]
+    generator = torch.Generator().manual_seed(seed)
+    limit = per_seq * runner.block_size
+    items = [ForwardItem(ids, 0, table, 1) for ids, table in zip(prompt_ids, tables)]
+    lengths = [len(ids) for ids in prompt_ids]
+    feats: list[list[torch.Tensor]] = [[] for _ in prompt_ids]
+    toks: list[list[int]] = [[] for _ in prompt_ids]
+    active = list(range(len(prompt_ids)))
+    while active and time.perf_counter() < deadline:
+        logits = runner.forward(items)
+        features = recovery(logits).half()
+        if temperature > 0:
+            chosen = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+        else:
+            chosen = logits.argmax(-1)
+        still, items = [], []
+        for row, i in enumerate(active):
+            token = int(chosen[row])
+            feats[i].append(features[row])
+            toks[i].append(token)
+            if token in eos or len(toks[i]) >= max_new_tokens or lengths[i] + 1 >= limit:
+                continue
+            items.append(ForwardItem([token], lengths[i], tables[i], 1))
+            lengths[i] += 1
+            still.append(i)
+        active = still
+    return [(torch.stack(f), torch.tensor(t)) for f, t in zip(feats, toks) if len(t) > 1]
+
+
+def build(
+    model: str,
+    quantization: str,
+    tokenizer,
+    recovery_seed: int,
+    minutes: float,
+    seed: int,
+    batch: int = 16,
+    max_new_tokens: int = 192,
+    log=print,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[bool], FeatureRecovery]:
+    """Generations for `minutes` (whole batches; every third batch greedy, the others sampled at 0.8), whether each
+    is greedy, and the recovery they were read with."""
+    blocks_per_seq = 32  # 512 tokens: prompt + max_new_tokens
+    runner = ModelRunner(model, "float32", 16, batch * blocks_per_seq, quantization=quantization)
+    rows = _target_head_rows(runner)
+    recovery_rows = FeatureRecovery.pick_rows(rows.shape[0], rows.shape[1], recovery_seed)
+    recovery = FeatureRecovery(rows[recovery_rows], recovery_rows)
+    eos = stop_ids(model, tokenizer)
+    cases, data, greedy, started, tokens = prompts(seed), [], [], time.perf_counter(), 0
+    for number, first in enumerate(range(0, len(cases), batch)):
+        if time.perf_counter() - started > minutes * 60:
+            break
+        ids = [chat_ids(tokenizer, c) for c in cases[first : first + batch]]
+        temperature = 0.0 if number % 3 == 0 else 0.8
+        deadline = started + minutes * 60
+        data += generate(runner, recovery, ids, max_new_tokens, temperature, eos, seed + number, deadline)
+        greedy += [temperature == 0.0] * (len(data) - len(greedy))
+        tokens = sum(len(t) for _, t in data)
+        elapsed = time.perf_counter() - started
+        log(f"data: {len(data)} generations, {tokens} tokens, {tokens / elapsed:.0f} tok/s")
+    return data, greedy, recovery
+
+
+def stop_ids(model: str, tokenizer) -> set[int]:
+    """The ids a generation stops at: the generation config's EOS and the tokenizer's."""
+    from transformers import GenerationConfig
+
+    try:
+        ids = GenerationConfig.from_pretrained(model).eos_token_id
+    except OSError:
+        ids = None
+    ids = ids if isinstance(ids, list) else [ids]
+    return {i for i in [*ids, tokenizer.eos_token_id] if isinstance(i, int)}
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    """`prompt` as a user's chat turn (plain text for a tokenizer without a chat template)."""
+    text = f"{prompt}\n"
+    if tokenizer.chat_template:
+        message = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _target_head_rows(runner: ModelRunner) -> torch.Tensor:
+    """The target's tied LM head (its embedding) as fp32 rows [vocab, hidden]."""
+    embed = runner.fused.embed if runner.fused is not None else None
+    if embed is None:
+        raise ValueError("the draft head needs the fused (Llama-family) forward of the target")
+    return embed(torch.arange(embed.vocab_size))

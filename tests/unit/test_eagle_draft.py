@@ -1,0 +1,98 @@
+"""The trained EAGLE-style draft: the chain mask, feature recovery from logits, a tiny training run whose folder
+loads as a `draft_model`, and speculation with it exact against plain decoding (greedy) and running sampled."""
+
+import pytest
+import torch
+
+from backend import EngineConfig, LLMEngine, SamplingParams
+from backend.spec import eagle_head, train_draft
+from backend.spec.draft_data import FeatureRecovery
+from backend.spec.eagle_head import chain_mask
+from tests.unit.conftest import make_tiny_model
+
+PROMPTS = ["Hello there, how are you today?", "1 2 3 4 5 6 7 8", "Write a poem about the sea."]
+
+
+def test_chain_mask_sees_true_rows_to_the_anchor_and_the_chain():
+    mask = chain_mask(5, 3)  # keys: steps 1, 2, 3 of 5 rows each
+    row = 4  # anchor 2: true rows 0..2, step 2's row 3, itself
+    assert mask[row].nonzero().flatten().tolist() == [0, 1, 2, 5 + 3, 10 + 4]
+    assert chain_mask(4, 1).equal(torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_features_recovered_from_logits():
+    torch.manual_seed(0)
+    head = torch.randn(2000, 64)
+    features = torch.randn(5, 64)
+    rows = FeatureRecovery.pick_rows(2000, 64, seed=0)
+    recovered = FeatureRecovery(head[rows], rows)(features @ head.T)
+    assert torch.allclose(recovered, features, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny_tied(tmp_path_factory, tiny_model_factory):
+    tiny_model_factory("llama")  # skips without the tokenizer
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-tied"), "llama", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def trained_draft(tiny_tied, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eagle") / "draft"
+    lines = []
+    args = train_draft.parser().parse_args(
+        [
+            "--model", tiny_tied, "--out", str(out), "--minutes", "0.3", "--data-share", "0.5",
+            "--quantization", "none", "--vocab", "256", "--window", "8", "--max-steps", "3", "--log-seconds", "0",
+        ]
+    )  # fmt: skip
+    train_draft.train(args, log=lines.append)
+    assert any("rows/s" in line and "accepted length" in line for line in lines), lines
+    return out, lines
+
+
+def test_training_saves_a_draft_model_folder(trained_draft):
+    out, lines = trained_draft
+    assert eagle_head.is_eagle_folder(out)
+    head, recovery, config = eagle_head.load(out, lambda ids: torch.zeros(len(ids), 64))
+    assert len(head.draft_vocab) == 256 and len(recovery) == 1024 and head.shape.window == 8
+    assert config["trained_with"]["seed"] == 0 and config["trained_with"]["tokens"] > 0
+    assert "saved" in lines[-1]
+
+
+def _engine(model: str, **overrides) -> LLMEngine:
+    settings = dict(model=model, dtype="float32", kv_cache_blocks=128, block_size=4, max_num_seqs=4)
+    return LLMEngine(EngineConfig(**{**settings, **overrides}))
+
+
+def _outputs(engine: LLMEngine, **params) -> dict[str, list[int]]:
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(engine.build_request(str(i), prompt, SamplingParams.from_dict(params), stream=True))
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            for sample in out.samples:
+                tokens.setdefault(out.request_id, []).extend(sample.token_ids)
+    assert engine.block_manager.num_used_blocks == 0
+    return tokens
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_greedy_with_the_eagle_draft_equals_plain_decoding(tiny_tied, trained_draft, adaptive):
+    plain = _outputs(_engine(tiny_tied), temperature=0, max_tokens=20, ignore_eos=True)
+    engine = _engine(
+        tiny_tied,
+        draft_model=str(trained_draft[0]),
+        num_speculative_tokens=3,
+        spec_max_batch_size=4,
+        spec_adaptive=adaptive,
+    )
+    spec = _outputs(engine, temperature=0, max_tokens=20, ignore_eos=True)
+    assert spec == plain
+    assert engine.metrics.total("llm_spec_decode_num_draft_tokens_total") > 0
+
+
+def test_sampled_requests_draft_and_finish(tiny_tied, trained_draft):
+    engine = _engine(tiny_tied, draft_model=str(trained_draft[0]), num_speculative_tokens=3, spec_max_batch_size=4)
+    out = _outputs(engine, temperature=0.8, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True)
+    assert all(len(tokens) == 16 for tokens in out.values())
+    assert engine.metrics.total("llm_spec_decode_num_draft_tokens_total") > 0
