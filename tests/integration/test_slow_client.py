@@ -77,7 +77,10 @@ def test_a_client_that_never_reads_stalls_no_one(server, reference):
         # Two streams of 600 SSE events are ~120 KB buffered for clients that never read; the bound leaves room
         # for the allocator's arenas, not for a copy per step or a buffer that grows with time.
         assert grown < 64, f"tritonserver RSS grew {grown:.0f} MiB for two unread streams"
-        time.sleep(5)  # silent clients, finished requests: nothing more may pile up
+        # More traffic while the clients stay silent (their requests finished): nothing more may pile up for them.
+        again = run_concurrently(one, OTHERS, timeout_s=120)
+        assert [got.token_ids for got in again] == [ref.token_ids for ref in want]
+        server.wait_idle(MODEL, timeout_s=60)
         assert tritonserver_rss_mb(server) - rss_before < grown + 8, "tritonserver RSS grows while clients stay silent"
         print(f"other streams finished in {others_s:.1f} s beside 2 unread streams; tritonserver RSS {grown:+.1f} MiB")
     finally:

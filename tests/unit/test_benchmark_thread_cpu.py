@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -20,10 +19,11 @@ STUB = textwrap.dedent(
     from backend.core.named_thread import NamedThread, set_os_thread_name
     set_os_thread_name("triton_python_backend_stub")  # the main thread's name is the process's
     def busy():
-        end = time.monotonic() + 1.2
-        while time.monotonic() < end:
+        while time.thread_time() < 0.4:  # CPU seconds of this thread, however busy the machine is
             pass
-    NamedThread(lambda: time.sleep(1.5), "llm-output-sender", service=True).start()
+        print("spun", flush=True)
+        sys.stdin.readline()  # alive until measured: /proc forgets a thread that ended
+    NamedThread(threading.Event().wait, "llm-output-sender", service=True).start()
     worker = NamedThread(busy, "llm-kernel-1")
     print("ready", flush=True)
     sys.stdin.readline()
@@ -42,11 +42,13 @@ def test_a_busy_kernel_worker_counts_for_the_engine_and_a_sleeping_sender_for_li
         before = thread_cpu.snapshot(pids)
         child.stdin.write("go\n")
         child.stdin.flush()
-        time.sleep(0.7)  # the threads are still running: /proc forgets a thread that ended
+        assert child.stdout.readline().strip() == "spun"
         used = thread_cpu.difference(thread_cpu.snapshot(pids), before)
+        child.stdin.write("done\n")
+        child.stdin.flush()
     finally:
         child.communicate(timeout=10)
-    assert used[thread_cpu.ENGINE].cpu_s > 0.3  # the spinning worker, on a core for 0.7 s
+    assert used[thread_cpu.ENGINE].cpu_s > 0.3  # the worker spun for 0.4 s of CPU
     assert used["output sender"].cpu_s < 0.05
     assert used["tritonserver"].cpu_s == 0  # no such process here
     assert set(used) == {g for g, _, _ in thread_cpu.GROUPS} | {thread_cpu.CLIENT}

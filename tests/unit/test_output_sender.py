@@ -7,10 +7,12 @@ import threading
 import time
 
 from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
+from backend.engine import output_sender
 from backend.engine.output_sender import OutputSender, merge_outputs
 from backend.protocol.sampling_params import SamplingParams
 
 WAIT_S = 10
+SWEEP_S = 0.0625  # the sweep interval of the frozen-clock test: a binary fraction, so the clock's sums are exact
 
 
 def request(on_output=lambda o: None, is_cancelled=lambda: False, rid="r") -> Request:
@@ -65,25 +67,41 @@ def test_outputs_go_out_from_the_sender_thread():
     sender.close()
 
 
-def test_the_sweep_notices_cancellation_and_asks_no_more_than_once_per_interval():
-    cancelled, asked = threading.Event(), []
+class FrozenClock:
+    """The sender's clock, moved by the test only: its sweep's timing without timing bounds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_sweep_notices_cancellation_and_asks_no_more_than_once_per_interval(monkeypatch):
+    clock = FrozenClock()
+    monkeypatch.setattr(output_sender, "time", clock)
+    cancelled, asked, delivered = threading.Event(), [], []
 
     def is_cancelled():
-        asked.append(time.monotonic())
+        asked.append(clock.now)
         return cancelled.is_set()
 
-    req = request(is_cancelled=is_cancelled)
-    sender = OutputSender(sweep_interval_s=0.05)
+    req = request(on_output=lambda o: delivered.extend(o.samples[0].token_ids), is_cancelled=is_cancelled)
+    sender = OutputSender(sweep_interval_s=SWEEP_S)
     sender.track(req)
-    for i in range(20):  # a busy stream: outputs do not make it ask more often
-        sender.put(delta(req, "x", [i]))
-        time.sleep(0.005)
+    for interval in (1, 2):  # a busy stream: one check per interval, however many outputs it delivers
+        clock.now = SWEEP_S * interval
+        for token in range(100 * interval, 100 * interval + 10):
+            sender.put(delta(req, "x", [token]))
+            assert wait_until(lambda token=token: delivered and delivered[-1] == token)
+        assert asked == [SWEEP_S * k for k in range(1, interval + 1)]
     assert not req.cancelled
     cancelled.set()
+    clock.now = 3 * SWEEP_S
+    sender.put(delta(req, "y", [1]))
     assert wait_until(lambda: req.cancelled)
     sender.close()
-    gaps = [b - a for a, b in zip(asked, asked[1:])]
-    assert gaps and min(gaps) >= 0.045
+    assert asked == [SWEEP_S, 2 * SWEEP_S, 3 * SWEEP_S]
 
 
 def test_many_streams_are_asked_in_turns_of_a_few_per_sweep():
