@@ -60,11 +60,14 @@ VARIANTS: dict[str, dict[str, str]] = {
     "llm_default": {"max_num_batched_tokens": "64", "spec_max_batch_size": "32"},
     # Test-only faults (test_engine_faults.py): a step holding a request whose prompt carries the step marker
     # raises; one carrying the death marker kills the engine thread. One sequence per step: the others wait.
+    # vllm_backend's parameters under their names: its health check (a dead engine unloads the model) and metrics.
     "llm_faults": {
         **_FP32,
         "max_num_seqs": "1",
         "kv_cache_blocks": "64",
         "fault_injection": "step_error:<<FAIL THIS STEP>>,engine_death:<<KILL THE ENGINE>>",
+        "ENABLE_VLLM_HEALTH_CHECK": "true",
+        "REPORT_CUSTOM_METRICS": "true",
     },
 }
 

@@ -25,6 +25,13 @@ from backend.protocol.wire import (
 
 # The JSON of `sampling_parameters` and of the request parameters is refused past this size before parsing.
 MAX_PARAMETERS_JSON_BYTES = 64 * 1024
+# vllm_backend's inputs for models of other kinds, refused by name (as tensors Triton refuses them: the model
+# declares neither; the generate endpoint turns them into request parameters, which land here).
+NOT_SERVED = {
+    "image": "the model takes text only: vllm_backend's `image` input (base64 images) is for multimodal models",
+    "embedding_request": "the model generates text: vllm_backend's `embedding_request` input is for embedding "
+    "(pooling) models",
+}
 
 
 @dataclass
@@ -113,6 +120,9 @@ def parse_request(
         elif name != SAMPLING_JSON:
             flat[name] = _scalar(name, array)
     merged.update(resolve_aliases(flat))
+    for name, why in NOT_SERVED.items():
+        if name in merged:
+            raise InvalidRequest(f"{name} is not accepted: {why}")
     prompt = _prompt(merged)
     flags = {name: as_bool(name, merged.pop(name)) for name in FLAG_NAMES if name in merged}
     lora_name = merged.pop("lora_name", None)

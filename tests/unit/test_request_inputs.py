@@ -220,3 +220,34 @@ def test_stop_words_tensor_beats_stop_in_sampling_parameters():
         }
     )
     assert parsed.params.stop == ["tensor"]
+
+
+@pytest.mark.parametrize(
+    "parameters, fragment",
+    [
+        (
+            {"text_input": "Describe it.", "image": ["aGVsbG8="]},
+            "image is not accepted: the model takes text only: vllm_backend's `image` input",
+        ),
+        (
+            {"embedding_request": json.dumps({"input": "Hello"})},
+            "embedding_request is not accepted: the model generates text",
+        ),
+    ],
+)
+def test_vllm_backends_inputs_for_other_kinds_of_model_are_refused_by_name(parameters, fragment):
+    """As request parameters (where the generate endpoint puts them); as tensors Triton refuses them itself."""
+    with pytest.raises(InvalidRequest) as info:
+        parse_request({}, json.dumps(parameters))
+    assert fragment in str(info.value)
+
+
+def test_vllm_backends_structured_outputs_request_shape():
+    """vllm_backend's accuracy test: `structured_outputs` as JSON text inside `sampling_parameters`, the same dict
+    also as request parameters, temperature and top_p as integers."""
+    sampling = {"temperature": 0, "top_p": 1, "structured_outputs": json.dumps({"choice": ["Positive", "Negative"]})}
+    parsed = parse_request(
+        {"text_input": text("Classify"), "sampling_parameters": text(json.dumps(sampling))}, json.dumps(sampling)
+    )
+    guided = parsed.params.guided_decoding
+    assert (guided.kind, guided.spec, parsed.params.temperature) == ("choice", '["Positive", "Negative"]', 0.0)

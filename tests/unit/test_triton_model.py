@@ -252,3 +252,26 @@ def test_responses_carry_only_the_outputs_the_request_names(triton_model):
         )
     finally:
         model.finalize()
+
+
+def test_with_vllm_backends_health_check_off_a_dead_engine_leaves_its_model_loaded(triton_model):
+    """ENABLE_VLLM_HEALTH_CHECK false (vllm_backend's parameter): the dying request and every later one get the
+    engine's error, as with it on, but the model does not unload itself."""
+    model_class, pb, args = triton_model
+    config = json.loads(args["model_config"])
+    config["parameters"]["ENABLE_VLLM_HEALTH_CHECK"] = {"string_value": "false"}
+    model = model_class()
+    model.initialize({**args, "model_config": json.dumps(config)})
+    try:
+        request = FakeRequest(pb, DEATH, 3)
+        model.execute([request])
+        wait(request.sender.done, "the dying request's error")
+        assert "the engine stopped after an internal error" in request.sender.responses[-1].error.message
+        later = FakeRequest(pb, "Hello", 2)
+        model.execute([later])
+        wait(later.sender.done, "the later request's refusal")
+        assert "[unavailable] the engine stopped" in later.sender.responses[-1].error.message
+        time.sleep(0.2)
+        assert pb.unloaded == [] and not any(what == "unload" for what, _ in pb.trips)
+    finally:
+        model.finalize()

@@ -26,6 +26,7 @@ from backend.serving.forwarded import ForwardedRequests, split_parameters
 from backend.serving.request_inputs import ParsedRequest
 from backend.serving.response_tensors import TokenTexts, response_arrays
 from backend.serving.stub_process import exit_stub_process
+from backend.serving.vllm_backend_parameters import split as split_vllm_backend_parameters
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _log = logging.getLogger("backend.triton_model")
@@ -53,6 +54,8 @@ class TritonPythonModel:
         logging.getLogger("backend").addHandler(handler)
         logging.getLogger("backend").setLevel(logging.INFO)
         parameters = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        # vllm_backend's ENABLE_VLLM_HEALTH_CHECK and REPORT_CUSTOM_METRICS, under their names
+        parameters, vllm_backend = split_vllm_backend_parameters(parameters)
         folder = Path(args["model_repository"])
         # with enable_lora, the adapters listed where vllm_backend keeps them, unless lora_modules names a file
         listed = folder / args["model_version"] / "multi_lora.json"
@@ -66,7 +69,8 @@ class TritonPythonModel:
                 pb_utils, {"model": self.model_name, "version": args["model_version"]}, config.metric_dialects
             )
         )
-        self.engine = EngineClient(config, self.metrics_publisher, on_death=self._stop_reporting_ready)
+        on_death = self._stop_reporting_ready if vllm_backend.unload_on_engine_death else self._stay_loaded
+        self.engine = EngineClient(config, self.metrics_publisher, on_death=on_death)
         self.forwarded = ForwardedRequests()  # requests from the TensorRT-LLM contract's models
 
     def _stop_reporting_ready(self, failure: str) -> None:
@@ -87,6 +91,17 @@ class TritonPythonModel:
             return
         _log.error(
             "model %s: the engine died (%s); unloading the model, so that it reports not ready",
+            self.model_name,
+            failure,
+        )
+
+    def _stay_loaded(self, failure: str) -> None:
+        """The engine thread died with ENABLE_VLLM_HEALTH_CHECK false: the model stays loaded (and READY),
+        refusing every request as unavailable."""
+        self.engine.close_watchers()
+        _log.error(
+            "model %s: the engine died (%s); ENABLE_VLLM_HEALTH_CHECK is false, so the model stays loaded and "
+            "refuses every request until it is reloaded",
             self.model_name,
             failure,
         )
