@@ -1,11 +1,14 @@
-"""Speculative decoding benchmark: greedy output tokens/s on two workloads, input-grounded (rewrite, copy with
+"""Speculative decoding benchmark: greedy output tokens/s on three workloads, input-grounded (rewrite, copy with
 a replacement, summarise and extract from a paragraph given in the prompt; edit a code snippet given in the
-prompt) and open chat (a story, explanations, lists, a recipe), with speculation off, at a fixed k, and
-adaptive (`spec_adaptive`), in one process run. The modes take turns prompt by prompt, so each ratio compares
-numbers taken at the same time on a noisy machine; the table shows medians over the runs.
+prompt), open chat (a story, explanations, lists, a recipe) and agentic (a run of requests that each answer with
+the same JSON tool-call shape, different arguments: what suffix decoding's store of earlier outputs is for), with
+speculation off and, for each draft, at a fixed k and adaptive (`spec_adaptive`), in one process run. The modes
+take turns prompt by prompt, so each ratio compares numbers taken at the same time on a noisy machine, and every
+mode sees the agentic requests in the same order; the table shows medians over the runs.
 
-    python benchmarks/spec_decode.py [--model DIR] [--dtype D] [--quantization Q] [--draft ngram] [--k 4]
-                                     [--runs 3] [--max-tokens 128] [--concurrency 1] [--set KEY=VALUE]
+    python benchmarks/spec_decode.py [--model DIR] [--dtype D] [--quantization Q] [--draft ngram,suffix] [--k 4]
+                                     [--runs 3] [--max-tokens 128] [--concurrency 1] [--no-fixed]
+                                     [--workloads W,...] [--set KEY=VALUE]
 
 The engine runs model_repository/llm/config.pbtxt's parameters, with the options above over them.
 
@@ -18,6 +21,7 @@ comparison as a section of the benchmark report (benchmarks/bench.py), on the se
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from backend import EngineConfig, LLMEngine
@@ -67,24 +71,51 @@ GROUNDED = [
     f"Rename the variable `total` to `running_sum` in this code and return the whole code:\n\n```python\n{CODE}```",
 ]
 OPEN_CHAT = PROMPTS  # a story, explanations, lists, a recipe
-WORKLOADS = {"input-grounded": GROUNDED, "open chat": OPEN_CHAT}
+TOOLS = (
+    'You are a function-calling assistant. Tools: get_weather(city: string, unit: "celsius" | "fahrenheit", '
+    "days: integer). Reply with exactly one tool call as JSON and nothing else."
+)
+CITIES = "Paris Berlin Tokyo Lima Cairo Oslo Madrid Toronto Sydney Nairobi Seoul Dublin".split()
 
 
-def modes(draft: str, k: int) -> dict[str, dict[str, str]]:
-    """Each mode's engine parameters over the base configuration."""
-    spec = {"draft_model": draft, "num_speculative_tokens": str(k)}
-    return {
-        "off": {"draft_model": "", "num_speculative_tokens": "0", "spec_adaptive": "false"},
-        f"fixed k={k}": {**spec, "spec_adaptive": "false"},
-        f"adaptive k<={k}": {**spec, "spec_adaptive": "true"},
-    }
+def tool_call(city: str, unit: str, days: int) -> str:
+    return json.dumps({"name": "get_weather", "arguments": {"city": city, "unit": unit, "days": days}})
 
 
-def chat_prompt(engine: LLMEngine, text: str) -> str:
-    """The text as one user turn in the model's chat template, ready for the assistant's answer."""
-    return engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
+# one worked example, then the request (the shipped 135M model follows the shape only when shown it once)
+AGENTIC = [
+    [
+        {"role": "system", "content": TOOLS},
+        {"role": "user", "content": "What's the weather in Rome tomorrow, in celsius?"},
+        {"role": "assistant", "content": tool_call("Rome", "celsius", 1)},
+        {
+            "role": "user",
+            "content": f"What will the weather be like in {city} over the next {1 + i % 5} days, in "
+            f"{('celsius', 'fahrenheit')[i % 2]}?",
+        },
+    ]
+    for i, city in enumerate(CITIES + CITIES[::-1])
+]
+WORKLOADS = {"input-grounded": GROUNDED, "open chat": OPEN_CHAT, "agentic": AGENTIC}
+
+
+def modes(drafts: list[str], k: int, fixed: bool = True) -> dict[str, dict[str, str]]:
+    """Each mode's engine parameters over the base configuration: off, then each draft at a fixed k (unless not
+    `fixed`) and adaptive."""
+    result = {"off": {"draft_model": "", "num_speculative_tokens": "0", "spec_adaptive": "false"}}
+    for draft in drafts:
+        spec = {"draft_model": draft, "num_speculative_tokens": str(k)}
+        if fixed:
+            result[f"{draft} fixed k={k}"] = {**spec, "spec_adaptive": "false"}
+        result[f"{draft} adaptive k<={k}"] = {**spec, "spec_adaptive": "true"}
+    return result
+
+
+def chat_prompt(engine: LLMEngine, prompt: str | list[dict]) -> str:
+    """The text as one user turn (or the messages as given) in the model's chat template, ready for the
+    assistant's answer."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 SPEC_COUNTERS = (
@@ -112,18 +143,26 @@ def measure(engine: LLMEngine, prompts: list[str], max_tokens: int, concurrency:
 
 
 def compare(
-    base: dict[str, str], draft: str, k: int, runs: int, max_tokens: int, concurrency: int, progress=print
+    base: dict[str, str],
+    mode_parameters: dict[str, dict[str, str]],
+    runs: int,
+    max_tokens: int,
+    concurrency: int,
+    progress=print,
+    workloads: dict | None = None,
 ) -> dict:
     """{workload: {mode: [summed measure() per run]}}. At batch 1 the modes take turns prompt by prompt (the
-    first mode rotating), so a burst of load on the shared machine hits every mode alike."""
-    engines = {}
-    for mode, overrides in modes(draft, k).items():
-        engines[mode] = LLMEngine(EngineConfig.from_parameters({**base, **overrides}))
-        measure(engines[mode], OPEN_CHAT[:1], 4, 1)  # warm-up
-    names = list(engines)
-    results = {w: {m: [] for m in names} for w in WORKLOADS}
+    first mode rotating), so a burst of load on the shared machine hits every mode alike. Each run has engines of
+    its own: what suffix decoding stores of one run's outputs never drafts the next run's identical requests."""
+    workloads = WORKLOADS if workloads is None else workloads
+    names = list(mode_parameters)
+    results = {w: {m: [] for m in names} for w in workloads}
     for run in range(runs):
-        for workload, prompts in WORKLOADS.items():
+        engines = None  # the last run's, freed before the next are loaded
+        engines = {m: LLMEngine(EngineConfig.from_parameters({**base, **mode_parameters[m]})) for m in names}
+        for engine in engines.values():
+            measure(engine, ["Say hello."], 4, 1)  # warm-up, on a prompt of no workload
+        for workload, prompts in workloads.items():
             sums = {m: dict.fromkeys(SUMS, 0.0) for m in names}
             groups = [prompts[i : i + concurrency] for i in range(0, len(prompts), concurrency)]
             for i, group in enumerate(groups):
@@ -153,8 +192,8 @@ def table(results: dict, concurrency: int) -> list[str]:
         "wall clock.",
         "",
         "| workload | speculation | output tok/s | vs off | tok per CPU s | vs off | acceptance rate | "
-        "mean acceptance length | output tokens | engine steps |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "draft tokens per step | mean acceptance length | output tokens | engine steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, by_mode in results.items():
         off = by_mode["off"]
@@ -164,8 +203,10 @@ def table(results: dict, concurrency: int) -> list[str]:
                 ratios = [tokens_per_s(r, clock) / tokens_per_s(o, clock) for r, o in zip(runs, off)]
                 cells += [f"{median([tokens_per_s(r, clock) for r in runs]):.1f}", f"{median(ratios):.2f}x"]
             drafts, drafted, accepted = (sum(r[n] for r in runs) for n in SPEC_COUNTERS)
+            steps = sum(r["steps"] for r in runs)
             cells += [
                 f"{accepted / drafted:.3f}" if drafted else "",
+                f"{drafted / steps:.2f}" if steps else "",
                 f"{1 + accepted / drafts:.2f}" if drafts else "1.00",
                 f"{median([r['output_tokens'] for r in runs]):.0f}",
                 f"{median([r['steps'] for r in runs]):.0f}",
@@ -175,17 +216,19 @@ def table(results: dict, concurrency: int) -> list[str]:
 
 
 def run(bench) -> list[str]:
-    """The report section: the served configuration (its draft model and k, else n-gram with k 4) at batch 1."""
+    """The report section: the served configuration (its draft model and k, else n-gram with k 4) and suffix
+    decoding at the same k, at batch 1."""
     params = {**engine_parameters(bench.s.engine_threads), "model": bench.model_dir}
     draft = params.get("draft_model") or "ngram"
+    drafts = list(dict.fromkeys([draft, "suffix"]))
     k = int(params.get("num_speculative_tokens", "0")) or 4
     runs, max_tokens = (1, 16) if bench.s.quick else (3, 128)
-    results = compare(params, draft, k, runs, max_tokens, 1, progress=log)
+    results = compare(params, modes(drafts, k), runs, max_tokens, 1, progress=log)
     bench.results["sections"]["8"] = results
     return [
-        f"Draft `{draft}`, k = {k}; {max_tokens} tokens at most per request, stopping at EOS; input-grounded: "
-        "rewrite, replace, summarise, extract and code-edit prompts that quote their input; open chat: the "
-        "throughput prompts.",
+        f"Drafts {', '.join(f'`{d}`' for d in drafts)}, k = {k}; {max_tokens} tokens at most per request, stopping "
+        "at EOS; input-grounded: rewrite, replace, summarise, extract and code-edit prompts that quote their input; "
+        "open chat: the throughput prompts; agentic: 24 requests answering with the same JSON tool-call shape.",
         "",
         *table(results, 1),
     ]
@@ -196,7 +239,9 @@ def main() -> None:
     parser.add_argument("--model", default=str(MODEL_DIR))
     parser.add_argument("--dtype", default="", help="default: the served configuration's")
     parser.add_argument("--quantization", default="", help="default: the served configuration's")
-    parser.add_argument("--draft", default="ngram", help="ngram, self, or a model folder")
+    parser.add_argument("--draft", default="ngram,suffix", help="comma-separated: ngram, suffix, self, a folder")
+    parser.add_argument("--no-fixed", action="store_true", help="only the adaptive mode of each draft")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {', '.join(WORKLOADS)}")
     parser.add_argument("--draft-dtype", default="bfloat16")
     parser.add_argument("--k", type=int, default=4, help="the fixed k, and the adaptive mode's largest")
     parser.add_argument("--runs", type=int, default=3)
@@ -229,12 +274,12 @@ def main() -> None:
     )
     results = compare(
         base,
-        args.draft,
-        args.k,
+        modes(args.draft.split(","), args.k, not args.no_fixed),
         args.runs,
         args.max_tokens,
         args.concurrency,
         progress=lambda m: print(f"# {m}", flush=True),
+        workloads={w: WORKLOADS[w] for w in args.workloads.split(",")},
     )
     print(f"# {machine_description()}")
     print("\n".join(table(results, args.concurrency)))

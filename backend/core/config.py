@@ -17,6 +17,8 @@ class ConfigError(ValueError):
 _DTYPES = ("float32", "bfloat16", "float16")
 MODEL_IMPLS = ("auto", "fused", "hf")
 QUANTIZATIONS = ("auto", "gguf", "gguf_int8", "half", "q8_0", "int4", "int8", "none")
+# draft_model values that name no model: "self" (the target's weights), n-gram lookup, suffix decoding
+MODEL_FREE_DRAFTS = ("self", "ngram", "suffix")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -35,11 +37,17 @@ class EngineConfig:
     # low-bit weights serve steps of up to this many rows, larger steps run dense; 0: measured defaults
     # (model_runner.LOWBIT_ROWS)
     max_lowbit_rows: int = 0
-    draft_model: str = ""  # a folder, "self", "ngram", or "" for no speculation
+    draft_model: str = ""  # a folder, "self", "ngram", "suffix", or "" for no speculation
     draft_dtype: str = "bfloat16"
     num_speculative_tokens: int = 0
     ngram_min: int = 1
     ngram_max: int = 4
+    # suffix decoding (draft_model "suffix", backend/spec/suffix_proposer.py): the longest context matched, the
+    # path probability a draft token needs, draft tokens per matched token, the global store's cap in tokens (0: none)
+    suffix_max_depth: int = 24
+    suffix_min_token_prob: float = 0.1
+    suffix_spec_factor: float = 1.0
+    suffix_cache_tokens: int = 1 << 18
     spec_max_batch_size: int = 2  # speculation turns off for a step whose batch is larger (docs/benchmarks.md)
     spec_adaptive: bool = False  # each sequence's draft length follows its acceptance (spec/policy.py)
     spec_min_acceptance: float = 0.3  # adaptive: a sequence accepting less stops drafting until a probe
@@ -105,7 +113,7 @@ class EngineConfig:
             values[name] = _parse_value(name, fields[name].type, str(raw).strip())
         for key in ("model", "draft_model", "lora_modules"):
             path = values.get(key, "")
-            if path and path not in ("self", "ngram") and base_dir is not None and not Path(path).is_absolute():
+            if path and path not in MODEL_FREE_DRAFTS and base_dir is not None and not Path(path).is_absolute():
                 values[key] = str((base_dir / path).resolve())
         config = cls(**values)
         if config.enable_lora and not config.lora_modules and lora_listing is not None and lora_listing.is_file():
@@ -116,7 +124,7 @@ class EngineConfig:
     def validate(self) -> None:
         for name in ("model", "draft_model"):
             try:
-                if name == "model" or self.draft_model not in ("", "self", "ngram"):
+                if name == "model" or self.draft_model not in ("", *MODEL_FREE_DRAFTS):
                     model_source.locate(getattr(self, name))
             except model_source.ModelSourceError as exc:
                 raise ConfigError(f"parameter {name!r}: {exc}") from None
@@ -145,6 +153,11 @@ class EngineConfig:
         _check_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
         _check_range("ngram_min", self.ngram_min, 1, 64)
         _check_range("ngram_max", self.ngram_max, self.ngram_min, 64)
+        _check_range("suffix_max_depth", self.suffix_max_depth, 2, 256)
+        _check_range("suffix_cache_tokens", self.suffix_cache_tokens, 0, 1 << 30)
+        for name, high in (("suffix_min_token_prob", 1.0), ("suffix_spec_factor", 64.0)):
+            if not 0.0 <= getattr(self, name) <= high:
+                raise ConfigError(f"parameter '{name}' must be between 0 and {high:g}, got {getattr(self, name)}")
         _check_range("spec_max_batch_size", self.spec_max_batch_size, 1, 4096)
         if not 0.0 <= self.spec_min_acceptance <= 1.0:
             raise ConfigError(

@@ -356,6 +356,8 @@ class LLMEngine:
         output = self.outputs.collect(request)
         if output is not None and output.finished:
             del self.requests[request.request_id]
+            if self.spec is not None:
+                self.spec.finish(request.sequences)
             if request.adapter is not None:
                 self.adapters.release(request.adapter)
         return output

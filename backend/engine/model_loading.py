@@ -14,6 +14,7 @@ from backend.model.hardware import KERNEL_KINDS, resolve_for_model
 from backend.model.runner import ModelRunner
 from backend.sampling.sampler import Sampler
 from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
+from backend.spec.suffix_proposer import SuffixProposer
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,16 @@ def eos_token_ids(model_path: str, tokenizer) -> set[int]:
 def make_proposer(
     config: EngineConfig, requested_quantization: str, num_blocks: int, vocab_size: int, sampler: Sampler
 ) -> Proposer | None:
-    """The configured proposer: none, n-gram lookup, or a draft model (the target's own weights for `self`) with
-    a KV cache of `num_blocks` blocks, which must share the target's vocabulary of `vocab_size` tokens."""
+    """The configured proposer: none, n-gram lookup, suffix decoding, or a draft model (the target's own weights for
+    `self`) with a KV cache of `num_blocks` blocks, which must share the target's vocabulary of `vocab_size` tokens."""
     if not config.speculative:
         return None
     if config.draft_model == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
+    if config.draft_model == "suffix":
+        return SuffixProposer(
+            config.suffix_max_depth, config.suffix_min_token_prob, config.suffix_spec_factor, config.suffix_cache_tokens
+        )
     path = config.model if config.draft_model == "self" else model_folder(config.draft_model, "draft_model")
     requested = requested_quantization
     if requested in KERNEL_KINDS and config.draft_dtype != "float32":

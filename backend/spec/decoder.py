@@ -40,7 +40,10 @@ class SpeculativeDecoder:
         self.policy = None
         if config.spec_adaptive:
             self.policy = AdaptivePolicy(
-                config.num_speculative_tokens, config.spec_min_acceptance, config.spec_probe_interval
+                config.num_speculative_tokens,
+                config.spec_min_acceptance,
+                config.spec_probe_interval,
+                proposer is not None and proposer.sizes_drafts,
             )
 
     def active(self, num_running: int) -> bool:
@@ -64,6 +67,10 @@ class SpeculativeDecoder:
         speculating = [s for s in sched.scheduled if s.num_spec_tokens]
         drafts = self.proposer.propose([(s.seq, s.num_spec_tokens) for s in speculating])
         return sched.with_drafts({s.seq.seq_id: draft for s, draft in zip(speculating, drafts)})
+
+    def finish(self, seqs: list[Sequence]) -> None:
+        """A request is done: the proposer learns from its sequences' output and forgets their state."""
+        self.proposer.finish(seqs)
 
     def verify(
         self, verifying: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, output: ModelRunnerOutput

@@ -15,12 +15,19 @@ from backend.sampling.sampler import Sampler, argmax_rows
 
 
 class Proposer:
+    # True for a proposer whose drafts end where it stops trusting them: the adaptive policy then asks for the
+    # full k and only switches a sequence off and on by its acceptance (spec/policy.py)
+    sizes_drafts = False
+
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Draft]:
         """For each (sequence, k): up to k tokens following the sequence's tokens."""
         raise NotImplementedError
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Mirror the target's copy-on-write block copies in the proposer's own KV cache, if any."""
+
+    def finish(self, seqs: list[Sequence]) -> None:
+        """These sequences are done (finished or aborted): learn from their output, drop their state."""
 
 
 class NgramProposer(Proposer):

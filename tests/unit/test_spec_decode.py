@@ -55,7 +55,13 @@ def plain_greedy(tiny_llama):
 
 @pytest.mark.parametrize(
     "draft, dtype, k",
-    [("self", "float32", 4), ("self", "bfloat16", 3), ("ngram", "float32", 3), ("self", "float32", 1)],
+    [
+        ("self", "float32", 4),
+        ("self", "bfloat16", 3),
+        ("ngram", "float32", 3),
+        ("suffix", "float32", 4),
+        ("self", "float32", 1),
+    ],
 )
 def test_greedy_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draft, dtype, k):
     engine = _engine(tiny_llama, draft_model=draft, draft_dtype=dtype, num_speculative_tokens=k)
@@ -63,7 +69,7 @@ def test_greedy_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draf
     assert engine.metrics.total("llm_spec_decode_num_drafts_total") > 0
 
 
-@pytest.mark.parametrize("draft", ["ngram", "self"])
+@pytest.mark.parametrize("draft", ["ngram", "suffix", "self"])
 def test_greedy_adaptive_speculation_equals_plain_decoding(tiny_llama, plain_greedy, draft):
     engine = _engine(
         tiny_llama,
@@ -178,12 +184,27 @@ def test_large_batch_turns_adaptive_speculation_off(tiny_llama):
             assert engine.metrics.total("llm_spec_decode_num_drafts_total") == 0
 
 
-def test_seeded_sampling_with_speculation_is_reproducible(tiny_llama):
+@pytest.mark.parametrize("draft", ["self", "suffix"])
+def test_seeded_sampling_with_speculation_is_reproducible(tiny_llama, draft):
     def once():
-        engine = _engine(tiny_llama, draft_model="self", draft_dtype="bfloat16", num_speculative_tokens=3)
+        engine = _engine(tiny_llama, draft_model=draft, draft_dtype="bfloat16", num_speculative_tokens=3)
         return _run(engine, PROMPTS, temperature=1.0, top_p=0.9, seed=42, max_tokens=16)
 
     assert once() == once()
+
+
+def test_suffix_learns_across_requests_and_stays_exact(tiny_llama, plain_greedy):
+    """Requests that repeat earlier ones draft from the global store (longer accepted drafts than the first time),
+    with the same greedy output; every finished request's index is dropped."""
+    engine = _engine(tiny_llama, draft_model="suffix", num_speculative_tokens=4, spec_adaptive=True)
+    accepted = []
+    for _ in range(2):
+        before = engine.metrics.total("llm_spec_decode_num_accepted_tokens_total")
+        assert _run(engine, PROMPTS, temperature=0, max_tokens=24, ignore_eos=True) == plain_greedy
+        accepted.append(engine.metrics.total("llm_spec_decode_num_accepted_tokens_total") - before)
+    proposer = engine.spec.proposer
+    assert proposer.indexes == {} and len(proposer.cache) == 2 * len(PROMPTS)
+    assert accepted[1] > accepted[0] + 2 * len(PROMPTS)
 
 
 @pytest.mark.slow
