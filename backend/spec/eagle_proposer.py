@@ -106,6 +106,8 @@ class EagleProposer(Proposer):
                 self._states[seq] = _SeqState()
                 continue
             position = seq.num_tokens - 1 + i  # the row's position; the token goes at the next one
+            if state.last is not None and position <= state.last[0]:  # recomputed (preempted): start again
+                state = self._states[seq] = _SeqState()
             state.pending.append((position, feature, token))
             del state.pending[: -self.window]
             state.last = (position, token)

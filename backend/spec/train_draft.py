@@ -158,7 +158,7 @@ def train(args, log=print) -> Path:
     log(f"train: held-out before training: step-1 agreement {per_step[0]:.3f}, accepted length {mean_len:.2f}")
     while True:
         elapsed = time.perf_counter() - train_started
-        if elapsed > budget or (args.max_steps and steps >= args.max_steps):
+        if (steps and elapsed > budget) or (args.max_steps and steps >= args.max_steps):  # one step at least
             break
         progress = min(1.0, elapsed / max(budget, 1e-9))
         for group in optimizer.param_groups:
@@ -176,8 +176,9 @@ def train(args, log=print) -> Path:
             rate = rows / (time.perf_counter() - train_started)
             ce = " ".join(f"{k} {v:.3f}" for k, v in parts.items())
             log(
-                f"train: step {steps}, {rate:.0f} rows/s, loss {float(loss.detach()):.3f} ({ce}); held-out agreement by "
-                f"step {' '.join(f'{a:.3f}' for a in per_step)}, accepted length (k={args.eval_k}) {mean_len:.2f}"
+                f"train: step {steps}, {rate:.0f} rows/s, loss {float(loss.detach()):.3f} ({ce}); held-out "
+                f"agreement by step {' '.join(f'{a:.3f}' for a in per_step)}, accepted length "
+                f"(k={args.eval_k}) {mean_len:.2f}"
             )
     per_step, mean_len = acceptance(head, held, args.eval_k)
     out = Path(args.out)
