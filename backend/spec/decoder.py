@@ -72,6 +72,10 @@ class SpeculativeDecoder:
         """A request is done: the proposer learns from its sequences' output and forgets their state."""
         self.proposer.finish(seqs)
 
+    def observe(self, output: ModelRunnerOutput) -> None:
+        """The step's sampled and verified tokens, for the proposer (every step, speculating or not)."""
+        self.proposer.observe(output)
+
     def verify(
         self, verifying: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, output: ModelRunnerOutput
     ) -> None:

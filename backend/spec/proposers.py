@@ -26,6 +26,10 @@ class Proposer:
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Mirror the target's copy-on-write block copies in the proposer's own KV cache, if any."""
 
+    def observe(self, output) -> None:
+        """What a step's target pass produced (its logits, the tokens each sequence got from them), for a proposer
+        that drafts from the target's own state (`eagle_proposer.py`)."""
+
     def finish(self, seqs: list[Sequence]) -> None:
         """These sequences are done (finished or aborted): learn from their output, drop their state."""
 
