@@ -1,13 +1,13 @@
 """`kv_cache_dtype` measured: decode speed and greedy agreement with transformers fp32 for each KV cache dtype.
 
-For each dtype (float32, the exact default for an fp32 model, then float16 and bfloat16), the served model in
-process with the served configuration and `kv_cache_dtype` set:
+For each dtype (float32, the exact default for an fp32 model, then float16, bfloat16 and q8_0, llama.cpp's 8-bit
+blocks), the served model in process with the served configuration and `kv_cache_dtype` set:
 
 - greedy agreement: the 24 prompts of the fidelity set (benchmarks/fidelity.py) in one busy batch, judged against
   transformers fp32 `generate` by the near-tie rule (testkit/fidelity.py): identical, near-ties, violations. A
-  16-bit cache rounds every key and value, so this is reported, not asserted;
+  16-bit or q8_0 cache rounds every key and value, so this is reported, not asserted;
 - decode tok/s (median step) at batch 1 and 8 after short prompts, and at batch 1 and 4 at a long context, where
-  reading the KV cache is a large part of the step: the three engines loaded side by side, measured in turns,
+  reading the KV cache is a large part of the step: the engines loaded side by side, measured in turns,
   the median of `--rounds` rounds;
 - the KV cache's bytes per token.
 
@@ -33,7 +33,7 @@ from launcher.paths import MODEL_DIR
 from testkit.fidelity import summarize
 from testkit.hf_reference import HFReference
 
-DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16", "q8_0")
 KV_MEMORY = 1 << 30  # room for the long-context rows in every dtype
 OUT = Path(__file__).resolve().parent / "results" / "kv_cache_dtypes"
 
@@ -132,7 +132,7 @@ def report(rows: list[dict], machine: dict, context: int, rounds: int) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Speeds are decode tok/s (median step), the median of {rounds} rounds in which the three engines took turns;",
+        f"Speeds are decode tok/s (median step), the median of {rounds} rounds in which the engines took turns;",
         "ratios against float32 in the same run.",
     ]
     return "\n".join(lines) + "\n"

@@ -56,7 +56,8 @@ class EngineConfig:
     kv_cache_blocks: int = 0  # 0: derive from kv_cache_memory_bytes
     kv_cache_memory_bytes: int = 256 * 1024 * 1024
     # what the KV cache holds: "auto" the model's dtype (float32 for an fp32 model: exact), or "float32", or
-    # "float16" / "bfloat16" (half the bytes per token; keys and values rounded when written, so not exact)
+    # "float16" / "bfloat16" (half the bytes per token; keys and values rounded when written, so not exact), or
+    # "q8_0" (llama.cpp's 8-bit blocks with an fp16 scale per 32 values: 34 bytes per 32 values; not exact)
     kv_cache_dtype: str = "auto"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
@@ -133,7 +134,7 @@ class EngineConfig:
         for name, allowed in (
             ("dtype", ("auto", *_DTYPES)),
             ("draft_dtype", _DTYPES),
-            ("kv_cache_dtype", ("auto", *_DTYPES)),
+            ("kv_cache_dtype", ("auto", *_DTYPES, "q8_0")),
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"parameter '{name}' must be one of {list(allowed)}, got {getattr(self, name)!r}")

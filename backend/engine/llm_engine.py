@@ -30,7 +30,8 @@ from backend.engine.model_loading import eos_token_ids, make_proposer, model_fol
 from backend.engine.step_records import StepWatchers, describe, step_record
 from backend.model import memory_plan
 from backend.model.hardware import serving_threads
-from backend.model.runner import DTYPES, ForwardItem, ModelRunner
+from backend.model.kv_formats import KV_DTYPES
+from backend.model.runner import ForwardItem, ModelRunner
 from backend.protocol.sampling_params import SamplingParams
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INTERNAL, ErrorText
@@ -64,9 +65,11 @@ class LLMEngine:
         self.max_prompt_bytes = config.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_model_len
         self.faults = FaultInjector(config.fault_injection)
         kv_dtype = config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
-        num_blocks = config.kv_cache_blocks or config.kv_cache_memory_bytes // (
-            shape.kv_bytes_per_token(DTYPES[kv_dtype]) * config.block_size
-        )
+        try:
+            kv_bytes = shape.kv_bytes_per_token(KV_DTYPES[kv_dtype])
+        except ValueError as exc:  # q8_0 of a head_dim that is no multiple of 32
+            raise ConfigError(f"parameter 'kv_cache_dtype': {exc}") from None
+        num_blocks = config.kv_cache_blocks or config.kv_cache_memory_bytes // (kv_bytes * config.block_size)
         if num_blocks < 1:
             raise ConfigError("parameter 'kv_cache_memory_bytes' is too small for a single KV block")
         try:
@@ -98,7 +101,9 @@ class LLMEngine:
         self.vocab_size = shape.vocab_size
         self.structured = StructuredOutput(config.model, shape.vocab_size)
         self.outputs = OutputProcessor(self.sampler, self.metrics, self.eos_token_ids, self.max_model_len)
-        proposer = make_proposer(config, self.requested_quantization, num_blocks, self.vocab_size, self.sampler)
+        proposer = make_proposer(
+            config, self.requested_quantization, num_blocks, self.vocab_size, self.sampler, self.runner
+        )
         self.spec: SpeculativeDecoder | None = None
         if proposer is not None:
             self.spec = SpeculativeDecoder(config, proposer, self.sampler, self.metrics, self.max_model_len)

@@ -60,7 +60,12 @@ def eos_token_ids(model_path: str, tokenizer) -> set[int]:
 
 
 def make_proposer(
-    config: EngineConfig, requested_quantization: str, num_blocks: int, vocab_size: int, sampler: Sampler
+    config: EngineConfig,
+    requested_quantization: str,
+    num_blocks: int,
+    vocab_size: int,
+    sampler: Sampler,
+    target: ModelRunner | None = None,
 ) -> Proposer | None:
     """The configured proposer: none, n-gram lookup, suffix decoding, or a draft model (the target's own weights for
     `self`) with a KV cache of `num_blocks` blocks, which must share the target's vocabulary of `vocab_size` tokens."""
@@ -77,16 +82,40 @@ def make_proposer(
     if requested in KERNEL_KINDS and config.draft_dtype != "float32":
         requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows
     dtype, quantization = resolve_weights(config, path, config.draft_dtype, requested)
-    runner = ModelRunner(
-        path,
-        dtype,
-        config.block_size,
-        num_blocks,
-        config.device,
-        config.model_impl,
-        quantization,
-        config.max_lowbit_rows,
-    )
+    if (
+        config.draft_model == "self"
+        and target is not None
+        and (dtype, quantization) == (config.dtype, config.quantization)
+    ):
+        # the target's own weights in the same form: shared, not loaded again (`target`'s runner, the config's
+        # resolved dtype and quantization)
+        log.info(
+            "draft_model self: the target's weights, shared (dtype %s, quantization %s); its own KV cache",
+            dtype,
+            quantization,
+        )
+        runner = target.sharing_weights(num_blocks)
+    else:
+        if config.draft_model == "self":
+            log.info(
+                "draft_model self: a second copy of the target's weights in dtype %s, quantization %s (the target's: "
+                "%s, %s; draft_dtype %s shares them)",
+                dtype,
+                quantization,
+                config.dtype,
+                config.quantization,
+                config.dtype,
+            )
+        runner = ModelRunner(
+            path,
+            dtype,
+            config.block_size,
+            num_blocks,
+            config.device,
+            config.model_impl,
+            quantization,
+            config.max_lowbit_rows,
+        )
     if runner.shape.vocab_size < vocab_size:
         raise ConfigError(
             f"parameter 'draft_model': its vocabulary ({runner.shape.vocab_size}) is smaller than the "

@@ -14,7 +14,6 @@ fp32 weights against its GGUF the same way (`python -m backend.model.gguf_weight
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -29,8 +28,6 @@ from backend.model.gguf_file import read_gguf
 from backend.model.model_source import GGUF_NAME
 from backend.model.model_weights import ModelWeights
 from backend.model.weight_blocks import BLOCK, Blocks, Packed, packed_bytes
-
-log = logging.getLogger(__name__)
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -162,20 +159,7 @@ def load(model_dir: str | Path, num_heads: int, num_kv_heads: int) -> ModelWeigh
         t.release()
         offset += size
     dense = {t.name: file.dense(t) for t in file.tensors.values() if t.format is None}
-    if "lm_head.weight" not in file.tensors:  # tied: the LM head is the embedding
-        source = blocks if "model.embed_tokens.weight" in blocks else dense
-        source["lm_head.weight"] = source["model.embed_tokens.weight"]
-    weights = ModelWeights(dense, blocks, arena_bytes=arena.numel())
-    log.info(
-        "read %s in %.1f s: %d weights in blocks on the kernel (%.1f MiB), %d tensors in fp32 (%.1f MiB)",
-        file.path.name,
-        time.perf_counter() - started,
-        len(served),
-        arena.numel() / 2**20,
-        len(dense),
-        weights.dense_bytes / 2**20,
-    )
-    return weights
+    return ModelWeights.read(dense, blocks, arena, file.path.name, started, tied=True)  # no output: tied
 
 
 def planned_bytes(model_dir: str | Path, num_heads: int, num_kv_heads: int) -> int:

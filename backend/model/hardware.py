@@ -81,7 +81,7 @@ def resolve_weights(
         if exact_path and has_gguf:
             return "float32", "gguf", "auto: the model's own GGUF blocks, exact, with fp32 activations"
         if exact_path and stored_16_bit:
-            why = "auto: the checkpoint's own 16-bit weights, exact, with fp32 activations (against dense fp32 at load)"
+            why = "auto: the checkpoint's own 16-bit weights, read as stored, exact, with fp32 activations"
             return "float32", "half", why
         dtype, why = resolve_dtype(dtype, device, flags)
         if dtype == "bfloat16":

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import torch
 
 from backend.model.weight_blocks import Packed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -25,6 +29,28 @@ class ModelWeights:
         """A loaded Hugging Face model's parameters (their tensors, which outlive the modules' own: the runner
         then empties the modules), with `blocks` for the weights the kernel serves."""
         return cls({n: p.detach() for n, p in hf_model.named_parameters(remove_duplicate=False)}, blocks)
+
+    @classmethod
+    def read(
+        cls, dense: dict, blocks: dict, arena: torch.Tensor, source: str, started: float, tied: bool
+    ) -> ModelWeights:
+        """Weights read from a file (`source`, since `started`) with the blocks in `arena`: a tied LM head (`tied`
+        and none read) is the embedding's entry; the read is logged."""
+        served = len(blocks)
+        if tied and "lm_head.weight" not in blocks and "lm_head.weight" not in dense:
+            where = blocks if "model.embed_tokens.weight" in blocks else dense
+            where["lm_head.weight"] = where["model.embed_tokens.weight"]
+        weights = cls(dense, blocks, arena_bytes=arena.numel())
+        log.info(
+            "read %s in %.1f s: %d weights on the kernel (%.1f MiB), %d tensors in fp32 (%.1f MiB)",
+            source,
+            time.perf_counter() - started,
+            served,
+            arena.numel() / 2**20,
+            len(dense),
+            weights.dense_bytes / 2**20,
+        )
+        return weights
 
     def get(self, name: str) -> torch.Tensor | None:
         return self.dense.get(name)

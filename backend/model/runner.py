@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from backend.model import fused_llama, gguf_weights, huge_pages, kernels, memory_plan, model_source
+from backend.model import (
+    fused_llama,
+    gguf_weights,
+    huge_pages,
+    kernels,
+    kv_formats,
+    memory_plan,
+    model_source,
+    safetensors_weights,
+)
 from backend.model.gguf_weights import find_gguf
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
@@ -56,7 +66,8 @@ class ModelShape:
         )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+        """Of a KV cache of `dtype` (kv_formats.KV_DTYPES: uint8 is q8_0's records)."""
+        return 2 * self.num_layers * self.num_kv_heads * kv_formats.row_bytes(dtype, self.head_dim)
 
 
 @dataclass
@@ -74,8 +85,9 @@ class ForwardItem:
 class ModelRunner:
     """`model_impl`: "fused" runs the Llama-family fast path (`fused_llama.py`), "hf" Hugging Face's own
     modules with our attention plugged in, "auto" the fused path where it supports the model. Each pass computes
-    on `threads` threads (0: torch's current count). The KV cache holds `kv_dtype` (None: the model's dtype);
-    attention computes in the model's dtype whatever the cache holds."""
+    on `threads` threads (0: torch's current count). The KV cache holds `kv_dtype` (None: the model's dtype;
+    "q8_0": llama.cpp's 8-bit records, kv_formats.py); attention computes in the model's dtype whatever the cache
+    holds."""
 
     def __init__(
         self,
@@ -94,7 +106,7 @@ class ModelRunner:
         self.threads = threads or torch.get_num_threads()
         kernels.set_threads(self.threads)
         self.dtype = DTYPES[dtype]
-        self.kv_dtype = DTYPES[kv_dtype] if kv_dtype else self.dtype
+        self.kv_dtype = kv_formats.KV_DTYPES[kv_dtype] if kv_dtype else self.dtype
         self.device = torch.device(device)
         self.block_size = block_size
         model_path = str(model_source.resolve(model_path))
@@ -103,18 +115,28 @@ class ModelRunner:
         if model_impl == "fused" and not fused_llama.supports(config):
             raise ValueError(f"the fused path supports {fused_llama.ARCHITECTURES}, not this model")
         isa = kernels.best_isa() if fused and quantization in KERNEL_KINDS else 0
-        from_file = fused and quantization in ("gguf", "gguf_int8") and isa and find_gguf(model_path) is not None
+        # Straight from the file: the GGUF's blocks, or a 16-bit checkpoint's own weights (no fp32 load).
+        from_file = ""
+        if fused and isa and quantization in ("gguf", "gguf_int8") and find_gguf(model_path) is not None:
+            from_file = "gguf"
+        elif fused and isa and quantization == "half" and model_source.stored_in_16_bits(model_path):
+            from_file = "safetensors"
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         self.shape = ModelShape.of(config)
+        kv_formats.row_width(self.kv_dtype, self.shape.head_dim)  # refuses q8_0 where head_dim % 32, before loading
         self.memory_plan = self._plan(config, model_path, from_file, quantization, num_blocks, block_size, step_tokens)
         if from_file:
             # Straight from the file: the Hugging Face model is only names and shapes (meta tensors, no memory).
             with torch.device("meta"):
                 self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
-            weights = gguf_weights.load(model_path, heads, kv_heads)
+            if from_file == "gguf":
+                weights = gguf_weights.load(model_path, heads, kv_heads)
+                log.info("quantization %s: the GGUF's own blocks, read from the file", quantization)
+            else:
+                weights = safetensors_weights.load(model_path, config.tie_word_embeddings)
+                log.info("quantization half: the checkpoint's own 16-bit weights, read from its files")
             rotary = type(self.model.model.rotary_emb)(config=config)
-            log.info("quantization %s: the GGUF's own blocks, read from the file", quantization)
         else:
             self.model = (
                 model_source.load_model(model_path, dtype=self.dtype, attn_implementation=ATTENTION_NAME)
@@ -154,9 +176,19 @@ class ModelRunner:
                 )
             if self.fused.stack is not None:
                 self.kernel += f"; decoder layers in one native call for steps of up to {self.fused.stack_rows} rows"
+        self._allocate_kv_cache(num_blocks)
+
+    def _allocate_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         s = self.shape
-        cache_shape = (s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim)
+        cache_shape = (
+            s.num_layers,
+            2,
+            num_blocks,
+            self.block_size,
+            s.num_kv_heads,
+            kv_formats.row_width(self.kv_dtype, s.head_dim),
+        )
         self.memory = "the KV cache on the device"
         if self.device.type == "cpu":
             self.kv_cache = huge_pages.zeros(cache_shape, self.kv_dtype)
@@ -164,12 +196,22 @@ class ModelRunner:
         else:
             self.kv_cache = torch.zeros(cache_shape, dtype=self.kv_dtype, device=self.device)
 
+    def sharing_weights(self, num_blocks: int) -> ModelRunner:
+        """A runner of these very weights (the model, the fused forward and its kernel blocks: no copy) with a KV
+        cache of its own of `num_blocks` blocks: `draft_model: self` served as the target is. Passes run one at a
+        time on the engine thread, so the two never compute at once."""
+        twin = copy.copy(self)
+        twin._allocate_kv_cache(num_blocks)
+        return twin
+
     def _plan(self, config, model_path, from_file, quantization, num_blocks, block_size, step_tokens) -> MemoryPlan:
         """What loading will hold (memory_plan.py), logged, and refused (MemoryError) where it does not fit."""
         s = self.shape
         heads = config.num_attention_heads
-        if from_file:
+        if from_file == "gguf":
             weights = gguf_weights.planned_bytes(model_path, heads, s.num_kv_heads)
+        elif from_file == "safetensors":
+            weights = safetensors_weights.planned_bytes(model_path)
         else:  # the model's parameters in its dtype, and the kernel's copies (at most half of fp32's bytes)
             with torch.device("meta"):
                 skeleton = AutoModelForCausalLM.from_config(config)

@@ -110,6 +110,12 @@ def tiny_llama(tiny_model_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_head_32(tmp_path_factory) -> str:
+    """A tiny Llama whose heads are 32 wide (hidden 128, 4 heads): the shortest a q8_0 KV cache holds."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-head-32"), "llama", hidden_size=128)
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     if not (SMOL_DIR / "tokenizer.json").exists():
         pytest.skip(f"no tokenizer at {SMOL_DIR} (make model)")

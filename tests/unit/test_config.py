@@ -106,7 +106,11 @@ def test_model_folder_without_config_json(tmp_path):
         ("dtype", "float64", "'dtype' must be one of"),
         ("draft_dtype", "int8", "'draft_dtype' must be one of"),
         ("draft_dtype", "auto", "'draft_dtype' must be one of"),
-        ("kv_cache_dtype", "q8_0", "'kv_cache_dtype' must be one of ['auto', 'float32', 'bfloat16', 'float16']"),
+        (
+            "kv_cache_dtype",
+            "q4_0",
+            "'kv_cache_dtype' must be one of ['auto', 'float32', 'bfloat16', 'float16', 'q8_0']",
+        ),
         (
             "quantization",
             "int3",

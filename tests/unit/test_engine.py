@@ -367,3 +367,25 @@ def test_request_stats_time_the_request_and_count_its_blocks(make_engine):
     assert perf["kv_cache_alloc_new_blocks"] == perf["kv_cache_alloc_total_blocks"] - perf["kv_cache_reused_blocks"]
     assert perf["acceptance_rate"] == again.stats.accepted_tokens / again.stats.draft_tokens
     check_pool_empty(engine)
+
+
+def weights(runner) -> list[int]:
+    """Where each linear layer's weight lives."""
+    return [lin.weight.data_ptr() for lin in runner.fused.linear_layers()]
+
+
+def test_a_self_draft_in_the_targets_dtype_shares_its_weights(make_engine):
+    """draft_model self with draft_dtype the target's: the draft runs the target's very weights (the same tensors,
+    no second copy) over a KV cache of its own; a draft in another dtype loads its own copy."""
+    shared = make_engine(draft_model="self", draft_dtype="float32", num_speculative_tokens=2)
+    draft, target = shared.spec.proposer.runner, shared.runner
+    assert draft is not target and weights(draft) == weights(target)
+    assert draft.fused is target.fused and draft.kv_cache.data_ptr() != target.kv_cache.data_ptr()
+    assert draft.kv_cache.shape == target.kv_cache.shape
+    prompt = PROMPTS[3] + " a b c a b c a b c"
+    request = shared.build_request("shared", prompt, greedy(8))
+    run(shared, [request])
+    assert request.stats.accepted_tokens > 0
+    check_pool_empty(shared)
+    own = make_engine(draft_model="self", draft_dtype="bfloat16", num_speculative_tokens=2).spec.proposer.runner
+    assert str(own.dtype) == "torch.bfloat16" and not set(weights(own)) & set(weights(target))

@@ -44,9 +44,7 @@ def llmapi(monkeypatch, tmp_path):
             "input": [{"name": name} for name in module.CONTRACTS["llmapi"].INPUTS],
             "parameters": {"llm_model_name": {"string_value": "llm"}, "contract": {"string_value": "llmapi"}},
         }
-        model.initialize(
-            {"model_config": json.dumps(config), "model_repository": str(tmp_path / "tensorrt_llm")}
-        )
+        model.initialize({"model_config": json.dumps(config), "model_repository": str(tmp_path / "tensorrt_llm")})
         return model, pb
 
     return make

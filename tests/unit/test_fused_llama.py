@@ -151,29 +151,53 @@ def tiny_bf16(tmp_path_factory) -> str:
     return make_tiny_model(tmp_path_factory.mktemp("bf16"), "llama", dtype=torch.bfloat16)
 
 
+@pytest.fixture(scope="module")
+def tiny_bf16_in_fp32(tmp_path_factory) -> str:
+    """The same model saved in fp32: weights that 16 bits hold exactly, in a checkpoint that does not say so."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.unit.conftest import make_tiny_model
+
+    folder = make_tiny_model(tmp_path_factory.mktemp("bf16-in-fp32"), "llama", dtype=torch.bfloat16)
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).save_pretrained(folder)
+    return folder
+
+
 def kernel_measured(monkeypatch, faster: bool) -> None:
     """What `quantization: half` measures at load, set: on tiny weights a call's overhead decides it."""
     monkeypatch.setattr(LowBitLinear, "one_row_timings", lambda self: (1.0, 2.0) if faster else (2.0, 1.0))
 
 
-def test_half_serves_a_bf16_checkpoint_from_its_own_weights(tiny_bf16, monkeypatch):
-    """quantization half: every projection and the head on the kernel, reading the stored bf16 values: the fp32
-    model that the generic path computes from the same checkpoint."""
-    kernel_measured(monkeypatch, faster=True)
-    half = ModelRunner(tiny_bf16, "float32", BLOCK, NUM_BLOCKS, quantization="half")
+def test_half_serves_a_bf16_checkpoint_from_its_own_files(tiny_bf16, tiny_bf16_in_fp32, monkeypatch, caplog):
+    """quantization half on a checkpoint stored in bf16: every projection, the embedding and the head on the
+    kernel, read from the safetensors without an fp32 load (the modules stay meta tensors; the resident weights are
+    the planned 16-bit bytes): the same logits, bit for bit, as the same values loaded in fp32 and served from their
+    16-bit form, and the fp32 model that the generic path computes."""
+    with caplog.at_level("INFO", logger="backend.model.runner"):
+        half = ModelRunner(tiny_bf16, "float32", BLOCK, NUM_BLOCKS, quantization="half")
+    assert "the checkpoint's own 16-bit weights, read from its files" in caplog.text
     assert "low-bit kernel for 9 of 9 layers" in half.kernel
     assert {f for lin in half.fused.linear_layers() for f in lin.formats} == {FORMATS["bf16"]}
+    assert half.fused.embed.blocks is not None and half.fused.embed.blocks.format == "bf16"
+    assert all(p.device.type == "meta" for p in half.model.parameters())
+    assert half.weight_bytes == half.memory_plan.weights
+    kernel_measured(monkeypatch, faster=True)
+    loaded = ModelRunner(tiny_bf16_in_fp32, "float32", BLOCK, NUM_BLOCKS, quantization="half")
+    assert "low-bit kernel for 9 of 9 layers" in loaded.kernel
+    for got, want in zip(ragged_steps(half), ragged_steps(loaded)):
+        assert torch.equal(got, want)
     generic = ModelRunner(tiny_bf16, "float32", BLOCK, NUM_BLOCKS, model_impl="hf")
     for got, want in zip(ragged_steps(half), ragged_steps(generic)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_half_keeps_dense_weights_where_they_measure_faster_or_are_not_16_bit(
-    tiny_bf16, tiny_llama, monkeypatch, caplog
+    tiny_bf16_in_fp32, tiny_llama, monkeypatch, caplog
 ):
+    """An fp32 checkpoint is loaded in fp32 first: its 16-bit form serves only where it measures faster."""
     kernel_measured(monkeypatch, faster=False)
     with caplog.at_level("INFO", logger="backend.model.runner"):
-        assert ModelRunner(tiny_bf16, "float32", BLOCK, NUM_BLOCKS, quantization="half").kernel == "torch"
+        assert ModelRunner(tiny_bf16_in_fp32, "float32", BLOCK, NUM_BLOCKS, quantization="half").kernel == "torch"
     assert "dense fp32 weights serve, faster on this CPU (one row through a" in caplog.text
     kernel_measured(monkeypatch, faster=True)
     with caplog.at_level("INFO", logger="backend.model.runner"):
@@ -240,6 +264,17 @@ def test_decoder_stack_over_a_16_bit_kv_cache_is_the_python_layer_loop_bit_for_b
         ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", kv_dtype=kv_dtype) for _ in range(2)
     ]
     assert runners[0].kv_cache.dtype == getattr(torch, kv_dtype)
+    assert_stack_is_the_python_loop(*runners)
+
+
+def test_decoder_stack_over_a_q8_0_kv_cache_is_the_python_layer_loop_bit_for_bit(tiny_llama_head_32):
+    """kv_cache_dtype q8_0: the stack quantizes into and reads from the records as the Python loop's
+    rope_paged_attention calls do, so the same bits."""
+    runners = [
+        ModelRunner(tiny_llama_head_32, "float32", BLOCK, NUM_BLOCKS, quantization="q8_0", kv_dtype="q8_0")
+        for _ in range(2)
+    ]
+    assert runners[0].kv_cache.dtype == torch.uint8
     assert_stack_is_the_python_loop(*runners)
 
 

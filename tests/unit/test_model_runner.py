@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backend.model.kv_formats import quantize_q8_0
 from backend.model.runner import LOWBIT_ROWS, MANY_THREADS, ForwardItem, ModelRunner, ModelShape, default_lowbit_rows
 from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
 
@@ -127,6 +128,38 @@ def test_a_16_bit_kv_cache_holds_the_float32_keys_rounded(tiny_llama, model_impl
     for item in steps:
         torch.testing.assert_close(half.forward([item]), exact.forward([item]), rtol=0, atol=atol)
     assert torch.equal(half.kv_cache[0], exact.kv_cache[0].to(half.kv_cache.dtype))
+
+
+@pytest.mark.parametrize("model_impl", ["fused", "hf"])
+def test_a_q8_0_kv_cache_holds_the_float32_keys_quantized(tiny_llama_head_32, model_impl):
+    """kv_cache_dtype q8_0 on an fp32 model: the cache is uint8 rows of llama.cpp's block_q8_0 records (34 bytes
+    per 32 values, which the memory plan counts); the first layer's rows are the fp32 cache's quantized by
+    kv_formats.quantize_q8_0 (bit for bit: nothing before them differs), and the logits of a prefill (torch ops)
+    and of decodes (our kernels on the fused path) stay within the quantization's error of the fp32 cache's."""
+    exact = ModelRunner(tiny_llama_head_32, "float32", BLOCK, NUM_BLOCKS, model_impl=model_impl)
+    q8 = ModelRunner(tiny_llama_head_32, "float32", BLOCK, NUM_BLOCKS, model_impl=model_impl, kv_dtype="q8_0")
+    assert q8.kv_cache.dtype == torch.uint8 and q8.kv_cache.shape[-1] == 34
+    assert model_impl == "hf" or q8.fused.ops is not None  # decodes on our kernels
+    assert q8.memory_plan.kv_cache * 4 * 32 == exact.memory_plan.kv_cache * 34
+    assert q8.shape.kv_bytes_per_token(torch.uint8) == 2 * 2 * 2 * 34
+    prompt = list(range(3, 40))
+    table = scattered_tables(1, 12, seed=5)[0]
+    steps = [ForwardItem(prompt, 0, table, 2)] + [ForwardItem([7 + i], len(prompt) + i, table, 1) for i in range(3)]
+    for item in steps:
+        torch.testing.assert_close(q8.forward([item]), exact.forward([item]), rtol=0, atol=1e-2)  # measured 5e-3
+    assert torch.equal(q8.kv_cache[0], quantize_q8_0(exact.kv_cache[0]))
+
+
+def test_a_q8_0_kv_cache_needs_heads_of_whole_records(tiny_llama):
+    """Refused at load, naming the parameter, where a head is not whole records (the tiny Llama's are 16 wide)."""
+    from backend import EngineConfig, LLMEngine
+    from backend.core.config import ConfigError
+
+    message = "q8_0 KV cache needs a head_dim that is a multiple of 32, not 16"
+    with pytest.raises(ValueError, match=message):
+        ModelRunner(tiny_llama, "float32", BLOCK, NUM_BLOCKS, kv_dtype="q8_0")
+    with pytest.raises(ConfigError, match="parameter 'kv_cache_dtype': a " + message):
+        LLMEngine(EngineConfig(model=tiny_llama, kv_cache_dtype="q8_0"))
 
 
 def test_model_shape(tiny_model_factory):
