@@ -354,6 +354,8 @@ class LLMEngine:
             tokens = self.sampler.sample(take_rows(logits, rows), [seq.sampling_row() for seq, _ in sampling])
             output.sampled += [SampledTokens(seq, [token], [row]) for (seq, row), token in zip(sampling, tokens)]
         self.outputs.add_logprobs(output)
+        if self.spec is not None:
+            self.spec.observe(output)
         return sched, output
 
     # ---- outputs and statistics -----------------------------------------------------------------------

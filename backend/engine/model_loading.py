@@ -13,6 +13,8 @@ from backend.model import kernels, model_source
 from backend.model.hardware import KERNEL_KINDS, resolve_for_model
 from backend.model.runner import ModelRunner
 from backend.sampling.sampler import Sampler
+from backend.spec import eagle_head
+from backend.spec.eagle_proposer import EagleProposer
 from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
 from backend.spec.suffix_proposer import SuffixProposer
 
@@ -78,6 +80,13 @@ def make_proposer(
             config.suffix_max_depth, config.suffix_min_token_prob, config.suffix_spec_factor, config.suffix_cache_tokens
         )
     path = config.model if config.draft_model == "self" else model_folder(config.draft_model, "draft_model")
+    if config.draft_model != "self" and eagle_head.is_eagle_folder(path):
+        if target is None:
+            raise ConfigError("parameter 'draft_model': an EAGLE draft head needs the target's runner")
+        try:
+            return EagleProposer(path, target, sampler)
+        except ValueError as exc:
+            raise ConfigError(f"parameter 'draft_model': {exc}") from None
     requested = requested_quantization
     if requested in KERNEL_KINDS and config.draft_dtype != "float32":
         requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows
