@@ -16,11 +16,12 @@ from benchmarks.targets import DECODE_PROFILE
 
 
 def decode_setup(engine, batch: int, steps: int) -> None:
-    """Add `batch` greedy requests of steps + 1 tokens and run until each has its first token (prefill done)."""
+    """Add `batch` greedy requests of steps + 1 tokens and run until each has its first token (prefill done). The
+    requests do not speculate: a decode step here is one token per sequence, what the step-time figures mean."""
     from backend import SamplingParams
 
     for i in range(batch):
-        params = SamplingParams.from_dict({**GREEDY, "max_tokens": steps + 1})
+        params = SamplingParams.from_dict({**GREEDY, "max_tokens": steps + 1, "num_speculative_tokens": 0})
         engine.add_request(
             engine.build_request(f"decode-{time.perf_counter_ns()}-{i}", PROMPTS[i % len(PROMPTS)], params, stream=True)
         )
