@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from backend.model.hardware import native_bf16
 from backend.spec import draft_data, eagle_head
 from backend.spec.eagle_head import EagleHead, HeadShape
 
@@ -152,6 +153,8 @@ def train(args, log=print) -> Path:
     held = Chunks(heldout, args.window, full_rows, args.seed).all() if heldout else chunks.all()
     held = greedy_targets(tuple(x[: args.heldout_windows] for x in held), full_rows)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
+    bf16, why = native_bf16("cpu") if args.autocast == "auto" else (args.autocast == "bfloat16", "--autocast")
+    log(f"train: {'bfloat16 autocast' if bf16 else 'float32'} products ({why}); fp32 weights and optimizer state")
     budget = args.minutes * 60 - (time.perf_counter() - started)
     train_started, steps, rows, last_log = time.perf_counter(), 0, 0, 0.0
     per_step, mean_len = acceptance(head, held, args.eval_k)
@@ -164,7 +167,8 @@ def train(args, log=print) -> Path:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (steps + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         embeds, features, _ = chunks.batch(args.batch)
-        loss, parts = losses(head, embeds, features, args.depth, vocab)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, parts = losses(head, embeds, features, args.depth, vocab)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -236,11 +240,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", default="gguf", help="how the target runs while generating")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--autocast",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="training products' dtype: auto is bfloat16 where the CPU computes it natively (AMX, AVX512_BF16)",
+    )
     p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size")
     p.add_argument("--window", type=int, default=32, help="rows per training window (the head's context)")
     p.add_argument("--depth", type=int, default=3, help="chain steps unrolled in training")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--eval-k", type=int, default=4)
     p.add_argument("--heldout-every", type=int, default=4, help="every n-th greedy generation is held out")
