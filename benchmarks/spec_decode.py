@@ -102,9 +102,11 @@ WORKLOADS = {"input-grounded": GROUNDED, "open chat": OPEN_CHAT, "agentic": AGEN
 def modes(drafts: list[str], k: int, fixed: bool = True) -> dict[str, dict[str, str]]:
     """Each mode's engine parameters over the base configuration: off, then each draft at a fixed k (unless not
     `fixed`) and adaptive."""
-    result = {"off": {"draft_model": "", "num_speculative_tokens": "0", "spec_adaptive": "false"}}
+    result = {"off": {"draft_model": "", "num_speculative_tokens": "0", "spec_adaptive": "false", "draft_head": ""}}
     for draft in drafts:
         spec = {"draft_model": draft, "num_speculative_tokens": str(k)}
+        if draft != "auto":
+            spec["draft_head"] = ""  # the head `--set draft_head=` names drafts under auto only
         if fixed:
             result[f"{draft} fixed k={k}"] = {**spec, "spec_adaptive": "false"}
         result[f"{draft} adaptive k<={k}"] = {**spec, "spec_adaptive": "true"}
@@ -123,12 +125,36 @@ SPEC_COUNTERS = (
     "llm_spec_decode_num_draft_tokens_total",
     "llm_spec_decode_num_accepted_tokens_total",
 )
-SUMS = ("wall_s", "cpu_s", "output_tokens", "steps", *SPEC_COUNTERS)
+SUMS = ("wall_s", "cpu_s", "draft_s", "output_tokens", "steps", *SPEC_COUNTERS)
 
 
-def measure(engine: LLMEngine, prompts: list[str], max_tokens: int, concurrency: int) -> dict[str, float]:
-    """One closed-loop run: wall and process CPU seconds, output tokens, engine steps, speculation counters."""
+class DraftClock:
+    """Wall seconds the engine spends in its proposer (drafting, and a head's reading of the target's output)."""
+
+    def __init__(self, engine: LLMEngine):
+        self.seconds = 0.0
+        proposer = engine.spec.proposer if engine.spec is not None else None
+        for name in ("propose", "observe", "finish") if proposer is not None else ():
+            setattr(proposer, name, self.timed(getattr(proposer, name)))
+
+    def timed(self, method):
+        def call(*args):
+            started = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        return call
+
+
+def measure(
+    engine: LLMEngine, prompts: list[str], max_tokens: int, concurrency: int, clock: DraftClock | None = None
+) -> dict[str, float]:
+    """One closed-loop run: wall and process CPU seconds, the proposer's wall seconds (`clock`), output tokens,
+    engine steps, speculation counters."""
     before = [engine.metrics.total(name) for name in SPEC_COUNTERS]
+    drafting = clock.seconds if clock else 0.0
     steps, cpu = engine.num_steps, time.process_time()
     result = run_engine_requests(
         engine, [(chat_prompt(engine, p), max_tokens) for p in prompts], {"temperature": 0}, concurrency
@@ -136,6 +162,7 @@ def measure(engine: LLMEngine, prompts: list[str], max_tokens: int, concurrency:
     return {
         "wall_s": result.wall_s,
         "cpu_s": time.process_time() - cpu,
+        "draft_s": (clock.seconds if clock else 0.0) - drafting,
         "output_tokens": result.output_tokens,
         "steps": engine.num_steps - steps,
         **{n: engine.metrics.total(n) - b for n, b in zip(SPEC_COUNTERS, before)},
@@ -160,6 +187,7 @@ def compare(
     for run in range(runs):
         engines = None  # the last run's, freed before the next are loaded
         engines = {m: LLMEngine(EngineConfig.from_parameters({**base, **mode_parameters[m]})) for m in names}
+        clocks = {m: DraftClock(engine) for m, engine in engines.items()}
         for engine in engines.values():
             measure(engine, ["Say hello."], 4, 1)  # warm-up, on a prompt of no workload
         for workload, prompts in workloads.items():
@@ -167,7 +195,7 @@ def compare(
             groups = [prompts[i : i + concurrency] for i in range(0, len(prompts), concurrency)]
             for i, group in enumerate(groups):
                 for mode in names[i % len(names) :] + names[: i % len(names)]:
-                    for key, value in measure(engines[mode], group, max_tokens, concurrency).items():
+                    for key, value in measure(engines[mode], group, max_tokens, concurrency, clocks[mode]).items():
                         sums[mode][key] += value
             for mode in names:
                 results[workload][mode].append(sums[mode])
@@ -192,8 +220,8 @@ def table(results: dict, concurrency: int) -> list[str]:
         "wall clock.",
         "",
         "| workload | speculation | output tok/s | vs off | tok per CPU s | vs off | acceptance rate | "
-        "draft tokens per step | mean acceptance length | output tokens | engine steps |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "draft tokens per step | mean acceptance length | draft's share of the time | output tokens | engine steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, by_mode in results.items():
         off = by_mode["off"]
@@ -208,6 +236,7 @@ def table(results: dict, concurrency: int) -> list[str]:
                 f"{accepted / drafted:.3f}" if drafted else "",
                 f"{drafted / steps:.2f}" if steps else "",
                 f"{1 + accepted / drafts:.2f}" if drafts else "1.00",
+                f"{sum(r['draft_s'] for r in runs) / sum(r['wall_s'] for r in runs):.1%}",
                 f"{median([r['output_tokens'] for r in runs]):.0f}",
                 f"{median([r['steps'] for r in runs]):.0f}",
             ]
@@ -239,7 +268,11 @@ def main() -> None:
     parser.add_argument("--model", default=str(MODEL_DIR))
     parser.add_argument("--dtype", default="", help="default: the served configuration's")
     parser.add_argument("--quantization", default="", help="default: the served configuration's")
-    parser.add_argument("--draft", default="ngram,suffix", help="comma-separated: ngram, suffix, self, a folder")
+    parser.add_argument(
+        "--draft",
+        default="ngram,suffix",
+        help="comma-separated: ngram, suffix, auto (with --set draft_head=FOLDER for the trained head), self, a folder",
+    )
     parser.add_argument("--no-fixed", action="store_true", help="only the adaptive mode of each draft")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {', '.join(WORKLOADS)}")
     parser.add_argument("--draft-dtype", default="bfloat16")

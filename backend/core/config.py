@@ -17,8 +17,9 @@ class ConfigError(ValueError):
 _DTYPES = ("float32", "bfloat16", "float16")
 MODEL_IMPLS = ("auto", "fused", "hf")
 QUANTIZATIONS = ("auto", "gguf", "gguf_int8", "half", "q8_0", "int4", "int8", "none")
-# draft_model values that name no model: "self" (the target's weights), n-gram lookup, suffix decoding
-MODEL_FREE_DRAFTS = ("self", "ngram", "suffix")
+# draft_model values that name no model: "self" (the target's weights), n-gram lookup, suffix decoding, and "auto"
+# (per sequence: suffix decoding, the trained head `draft_head` names, or none)
+MODEL_FREE_DRAFTS = ("self", "ngram", "suffix", "auto")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -37,7 +38,7 @@ class EngineConfig:
     # low-bit weights serve steps of up to this many rows, larger steps run dense; 0: measured defaults
     # (model_runner.LOWBIT_ROWS)
     max_lowbit_rows: int = 0
-    draft_model: str = ""  # a folder, "self", "ngram", "suffix", or "" for no speculation
+    draft_model: str = ""  # a folder, "self", "ngram", "suffix", "auto", or "" for no speculation
     draft_dtype: str = "bfloat16"
     num_speculative_tokens: int = 0
     ngram_min: int = 1
@@ -48,6 +49,11 @@ class EngineConfig:
     suffix_min_token_prob: float = 0.1
     suffix_spec_factor: float = 1.0
     suffix_cache_tokens: int = 1 << 18
+    # draft_model "auto" (backend/spec/auto_proposer.py): the EAGLE head folder `make draft` wrote ("": suffix decoding
+    # or none), and what a drafted token costs in one-row target steps: its verification row, the head's pass
+    draft_head: str = ""
+    spec_row_cost: float = 0.3
+    spec_head_token_cost: float = 0.2
     spec_max_batch_size: int = 2  # speculation turns off for a step whose batch is larger (docs/benchmarks.md)
     spec_adaptive: bool = False  # each sequence's draft length follows its acceptance (spec/policy.py)
     spec_min_acceptance: float = 0.3  # adaptive: a sequence accepting less stops drafting until a probe
@@ -112,7 +118,7 @@ class EngineConfig:
         values = {}
         for name, raw in params.items():
             values[name] = _parse_value(name, fields[name].type, str(raw).strip())
-        for key in ("model", "draft_model", "lora_modules"):
+        for key in ("model", "draft_model", "draft_head", "lora_modules"):
             path = values.get(key, "")
             if path and path not in MODEL_FREE_DRAFTS and base_dir is not None and not Path(path).is_absolute():
                 values[key] = str((base_dir / path).resolve())
@@ -129,6 +135,12 @@ class EngineConfig:
                     model_source.locate(getattr(self, name))
             except model_source.ModelSourceError as exc:
                 raise ConfigError(f"parameter {name!r}: {exc}") from None
+        if self.draft_head and (self.draft_model != "auto" or not Path(self.draft_head).is_dir()):
+            raise ConfigError(
+                f"parameter 'draft_head' ({self.draft_head!r}) names the trained head folder that draft_model 'auto' "
+                f"drafts with (make draft); draft_model is {self.draft_model!r}"
+                + ("" if Path(self.draft_head).is_dir() else " and the folder does not exist")
+            )
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ConfigError(f"parameter 'device' must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         for name, allowed in (
@@ -156,7 +168,12 @@ class EngineConfig:
         _check_range("ngram_max", self.ngram_max, self.ngram_min, 64)
         _check_range("suffix_max_depth", self.suffix_max_depth, 2, 256)
         _check_range("suffix_cache_tokens", self.suffix_cache_tokens, 0, 1 << 30)
-        for name, high in (("suffix_min_token_prob", 1.0), ("suffix_spec_factor", 64.0)):
+        for name, high in (
+            ("suffix_min_token_prob", 1.0),
+            ("suffix_spec_factor", 64.0),
+            ("spec_row_cost", 16.0),
+            ("spec_head_token_cost", 16.0),
+        ):
             if not 0.0 <= getattr(self, name) <= high:
                 raise ConfigError(f"parameter '{name}' must be between 0 and {high:g}, got {getattr(self, name)}")
         _check_range("spec_max_batch_size", self.spec_max_batch_size, 1, 4096)

@@ -14,6 +14,7 @@ from backend.model.hardware import KERNEL_KINDS, resolve_for_model
 from backend.model.runner import ModelRunner
 from backend.sampling.sampler import Sampler
 from backend.spec import eagle_head
+from backend.spec.auto_proposer import AutoProposer
 from backend.spec.eagle_proposer import EagleProposer
 from backend.spec.proposers import DraftModelProposer, NgramProposer, Proposer
 from backend.spec.suffix_proposer import SuffixProposer
@@ -61,6 +62,19 @@ def eos_token_ids(model_path: str, tokenizer) -> set[int]:
     return ids
 
 
+def _eagle_proposer(
+    folder: str, target: ModelRunner | None, sampler: Sampler, parameter: str = "draft_head"
+) -> EagleProposer:
+    if target is None:
+        raise ConfigError(f"parameter {parameter!r}: an EAGLE draft head needs the target's runner")
+    if not eagle_head.is_eagle_folder(folder):
+        raise ConfigError(f"parameter {parameter!r}: {folder} holds no EAGLE draft head (make draft writes one)")
+    try:
+        return EagleProposer(folder, target, sampler)
+    except ValueError as exc:
+        raise ConfigError(f"parameter {parameter!r}: {exc}") from None
+
+
 def make_proposer(
     config: EngineConfig,
     requested_quantization: str,
@@ -69,24 +83,24 @@ def make_proposer(
     sampler: Sampler,
     target: ModelRunner | None = None,
 ) -> Proposer | None:
-    """The configured proposer: none, n-gram lookup, suffix decoding, or a draft model (the target's own weights for
-    `self`) with a KV cache of `num_blocks` blocks, which must share the target's vocabulary of `vocab_size` tokens."""
+    """The configured proposer: none, n-gram lookup, suffix decoding, `auto` (suffix decoding or the trained head, per
+    sequence), or a draft model (the target's own weights for `self`) with a KV cache of `num_blocks` blocks, which
+    must share the target's vocabulary of `vocab_size` tokens."""
     if not config.speculative:
         return None
     if config.draft_model == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
-    if config.draft_model == "suffix":
-        return SuffixProposer(
+    if config.draft_model in ("suffix", "auto"):
+        suffix = SuffixProposer(
             config.suffix_max_depth, config.suffix_min_token_prob, config.suffix_spec_factor, config.suffix_cache_tokens
         )
+        if config.draft_model == "suffix":
+            return suffix
+        head = _eagle_proposer(config.draft_head, target, sampler) if config.draft_head else None
+        return AutoProposer(suffix, head, config.spec_row_cost, config.spec_head_token_cost)
     path = config.model if config.draft_model == "self" else model_folder(config.draft_model, "draft_model")
     if config.draft_model != "self" and eagle_head.is_eagle_folder(path):
-        if target is None:
-            raise ConfigError("parameter 'draft_model': an EAGLE draft head needs the target's runner")
-        try:
-            return EagleProposer(path, target, sampler)
-        except ValueError as exc:
-            raise ConfigError(f"parameter 'draft_model': {exc}") from None
+        return _eagle_proposer(path, target, sampler, "draft_model")
     requested = requested_quantization
     if requested in KERNEL_KINDS and config.draft_dtype != "float32":
         requested = "auto"  # fp32-activation kinds; a reduced-precision draft takes what its dtype allows

@@ -16,7 +16,7 @@ from backend.core.request import Sequence
 from backend.core.scheduler_output import Draft
 from backend.spec.proposers import Proposer
 from backend.spec.suffix_cache import SuffixCache
-from backend.spec.suffix_index import SequenceIndex, best_draft
+from backend.spec.suffix_index import Match, SequenceIndex, best_draft
 
 
 class SuffixProposer(Proposer):
@@ -30,9 +30,10 @@ class SuffixProposer(Proposer):
         self.indexes: dict[int, SequenceIndex] = {}  # seq_id -> its index, while it runs
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Draft]:
-        return [Draft(self.lookup(seq, k)) for seq, k in requests]
+        return [Draft(self.match(seq, k).tokens) for seq, k in requests]
 
-    def lookup(self, seq: Sequence, k: int) -> list[int]:
+    def match(self, seq: Sequence, k: int) -> Match:
+        """The better-scoring draft of the sequence's own index and the global store (its tokens and score)."""
         tokens = seq.token_ids
         index = self.indexes.get(seq.seq_id)
         if index is None:
@@ -41,12 +42,12 @@ class SuffixProposer(Proposer):
         args = (tokens, k, self.max_depth, self.spec_factor, self.min_token_prob)
         own = best_draft(index.candidates(tokens), *args)
         if self.cache is None or own.score >= k:  # k certain tokens: the store cannot score higher
-            return own.tokens
+            return own
         shared = best_draft(self.cache.candidates(tokens), *args)
         if shared.score > own.score:
             self.cache.touch(shared.sources)
-            return shared.tokens
-        return own.tokens
+            return shared
+        return own
 
     def finish(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

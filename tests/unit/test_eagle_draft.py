@@ -96,3 +96,22 @@ def test_sampled_requests_draft_and_finish(tiny_tied, trained_draft):
     out = _outputs(engine, temperature=0.8, top_p=0.9, seed=3, max_tokens=16, ignore_eos=True)
     assert all(len(tokens) == 16 for tokens in out.values())
     assert engine.metrics.total("llm_spec_decode_num_draft_tokens_total") > 0
+
+
+def test_auto_picks_per_sequence_and_stays_exact(tiny_tied, trained_draft):
+    """draft_model auto with the trained head: greedy output equals plain decoding while the sources take turns
+    (free verification rows, a head trusted until measured: it drafts where suffix decoding finds little)."""
+    plain = _outputs(_engine(tiny_tied), temperature=0, max_tokens=20, ignore_eos=True)
+    engine = _engine(
+        tiny_tied,
+        draft_model="auto",
+        draft_head=str(trained_draft[0]),
+        num_speculative_tokens=3,
+        spec_max_batch_size=4,
+        spec_row_cost=0.0,
+        spec_head_token_cost=0.0,
+    )
+    engine.spec.proposer.head_prior = 0.9
+    assert _outputs(engine, temperature=0, max_tokens=20, ignore_eos=True) == plain
+    picks = engine.spec.proposer.picks
+    assert picks["head"] > 0, picks

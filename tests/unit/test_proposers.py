@@ -47,23 +47,23 @@ def suffix(**overrides) -> SuffixProposer:
 def test_suffix_continues_the_request_s_own_prompt():
     proposer = suffix()
     seq = FakeSeq(1, [5, 1, 2, 3, 4, 6, 7, 8, 0, 1, 2, 3])
-    assert proposer.lookup(seq, 4) == [4, 6, 7]  # a 3-token match drafts 3 (spec_factor 1)
+    assert proposer.match(seq, 4).tokens == [4, 6, 7]  # a 3-token match drafts 3 (spec_factor 1)
     seq.token_ids += [4, 6]  # accepted: the index catches up incrementally
-    assert proposer.lookup(seq, 4) == [7, 8, 0, 1]
+    assert proposer.match(seq, 4).tokens == [7, 8, 0, 1]
 
 
 def test_suffix_learns_from_finished_requests_and_drops_their_state():
     proposer = suffix()
     template = [40, 41, 42, 43, 44, 45]
     done = FakeSeq(1, [9, 90, 91], [*template, 2])
-    proposer.lookup(done, 4)
+    proposer.match(done, 4)
     assert 1 in proposer.indexes
     proposer.finish([done])
     assert proposer.indexes == {} and len(proposer.cache) == 1
     new = FakeSeq(2, [8, 8, 90, 91])  # another prompt, the same ending: the template is drafted from its start
-    assert proposer.lookup(new, 4) == [40, 41]
+    assert proposer.match(new, 4).tokens == [40, 41]
     new.token_ids += [40, 41, 42, 43]
-    assert proposer.lookup(new, 4) == [44, 45, 2]
+    assert proposer.match(new, 4).tokens == [44, 45, 2]
 
 
 def test_suffix_without_a_global_store_uses_the_request_alone():
@@ -71,7 +71,7 @@ def test_suffix_without_a_global_store_uses_the_request_alone():
     done = FakeSeq(1, [90, 91], [40, 41, 42])
     proposer.finish([done])
     assert proposer.cache is None
-    assert proposer.lookup(FakeSeq(2, [90, 91]), 4) == []
+    assert proposer.match(FakeSeq(2, [90, 91]), 4).tokens == []
 
 
 def test_suffix_prefers_the_more_probable_of_its_two_lookups():
@@ -79,8 +79,8 @@ def test_suffix_prefers_the_more_probable_of_its_two_lookups():
     for value in (50, 50, 50):
         proposer.finish([FakeSeq(value, [90, 91], [1, 2, value, 51])])
     own = FakeSeq(9, [1, 2, 60, 61, 5, 1, 2, 62, 63, 0, 1, 2])  # its prompt: 60 or 62; three earlier outputs: 50
-    assert proposer.lookup(own, 2) == [50, 51]
-    assert suffix(cache_tokens=0, spec_factor=4.0).lookup(own, 2) == [62, 63]  # a tie: the latest
+    assert proposer.match(own, 2).tokens == [50, 51]
+    assert suffix(cache_tokens=0, spec_factor=4.0).match(own, 2).tokens == [62, 63]  # a tie: the latest
 
 
 def test_suffix_parameters(tmp_path):
