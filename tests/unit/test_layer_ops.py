@@ -1,39 +1,85 @@
 """The C++ decoder-layer ops (backend/model/kernels/layer_ops.cpp) against torch on the same inputs: SiLU bit for
 bit in whole vectors (both take torch's vectorised exp), attention over paged KV blocks up to summation order, for
 head widths the vector path takes (multiples of 8) and the scalar path takes, and contexts that end inside a group
-of 8 keys."""
+of 8 keys. Each test runs on every copy of the ops this CPU runs (baseline, AVX2, AVX-512), the KV readers'
+copies with them, so that an AVX-512 machine tests the copies older CPUs take."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import torch
 
+from backend.model import kernels
 from backend.model.kv_formats import KV_DTYPES, dequantize_q8_0, from_cache, quantize_q8_0, to_cache
+from tests.conftest import machine_lacks
+
+COPIES = (0, 1, 2)  # the layer ops' copies: baseline, AVX2, AVX-512 (kernels/isa.h)
+LAYER_OPS = ("add_rms_norm", "silu_mul", "rope_paged_attention")  # each takes `isa` last
 
 
-@pytest.fixture(scope="module")
-def ops(built_kernels):
-    return built_kernels
+class OnCopy:
+    """The kernels module with the layer ops bound to one copy (`isa`): each op takes it as its last argument."""
+
+    def __init__(self, module, isa: int):
+        self.module, self.isa = module, isa
+
+    def __getattr__(self, name: str):
+        op = getattr(self.module, name)
+        return functools.partial(op, isa=self.isa) if name in LAYER_OPS else op
 
 
-def test_layer_ops_run_the_copy_for_this_cpus_instruction_set(ops):
-    """The layer ops are compiled per instruction set and picked at load; clones named for a CPU model
-    (`arch=haswell`) once left every AMD CPU on the baseline SSE2 copy."""
+@pytest.fixture(scope="module", params=COPIES, ids=[kernels.ISA_NAMES[i] for i in COPIES])
+def ops(built_kernels, request):
+    if request.param > built_kernels.best_isa():
+        pytest.skip(machine_lacks(f"{kernels.ISA_NAMES[request.param]}, whose copy of the layer ops it would run"))
+    return OnCopy(built_kernels, request.param)
+
+
+def test_layer_ops_run_the_copy_for_this_cpus_instruction_set(built_kernels):
+    """By default the layer ops run the copy for this CPU's instruction set, read from its flags at run time;
+    clones named for a CPU model (`arch=haswell`) once left every AMD CPU on the baseline SSE2 copy."""
     flags = set(Path("/proc/cpuinfo").read_text().split())
-    assert ops.layer_ops_isa() == (2 if "avx512f" in flags else 1 if "avx2" in flags else 0)
+    assert built_kernels.layer_ops_isa() == (2 if "avx512f" in flags else 1 if "avx2" in flags else 0)
+    assert built_kernels.layer_ops_isa() == built_kernels.best_isa()
+
+
+def test_layer_ops_refuse_a_copy_this_cpu_cannot_run(built_kernels):
+    gate_up = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="no copy for instruction set 3"):
+        built_kernels.silu_mul(gate_up, isa=3)  # the low-bit kernel's test-only copy: not a layer-ops copy
+    if built_kernels.best_isa() < 2:
+        with pytest.raises(RuntimeError, match="does not run instruction set 2"):
+            built_kernels.silu_mul(gate_up, isa=2)
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_add_rms_norm_is_hfs_rms_norm_of_the_sum(ops, delta):
+    """hidden += delta in place, then weight * (hidden * rsqrt(mean(hidden^2) + eps)): up to the order of the sum
+    of squares. 1536 values a row: the vector body; 29: the tail alone."""
+    for width in (29, 1536):
+        g = torch.Generator().manual_seed(width)
+        hidden, weight = torch.randn(5, width, generator=g), torch.randn(width, generator=g)
+        d = torch.randn(5, width, generator=g) if delta else None
+        summed = hidden + d if delta else hidden.clone()
+        want = weight * (summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6))
+        got = ops.add_rms_norm(hidden, d, weight, 1e-6)
+        assert torch.equal(hidden, summed)
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("width", [1, 7, 29, 32, 1536])
 def test_silu_mul_is_torchs_silu_times_up(ops, width):
     """Bit for bit where torch runs its vector loop over the whole row (widths in whole vectors, as the models'
-    are); torch takes std::exp for the last few values of a row, we take the vector exp for all of them. 40 rows:
-    wide rows are shared out to the kernels' pool in chunks."""
+    are); torch takes std::exp for the last few values of a row, we take the vector exp for all of them, and the
+    baseline copy, which has no vector exp, std::exp for every value. 40 rows: wide rows are shared out to the
+    kernels' pool in chunks."""
     gate_up = torch.randn(40, 2 * width, generator=torch.Generator().manual_seed(width)) * 8
     want = torch.nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:]
     got = ops.silu_mul(gate_up)
-    if width % 16 == 0:
+    if width % 16 == 0 and ops.isa > 0:
         assert torch.equal(got, want)
     else:
         torch.testing.assert_close(got, want, rtol=3e-7, atol=0)

@@ -61,15 +61,21 @@ def module(built_kernels):
     return built_kernels
 
 
-# The kernel's test-only copy: AVX-512's 16-lane source and row blocking, built from AVX2 instructions.
-WIDE_ON_AVX2 = 3
-
-
 def isas() -> list[int]:
     """Every instruction set this CPU runs (AVX2 is also exercised on an AVX-512 CPU), and AVX-512's source on AVX2
-    instructions, so that a CPU without AVX-512 still tests that copy's code."""
+    instructions (the kernel's test-only copy, with its 16 lanes and row blocking), so that a CPU without AVX-512
+    still tests that copy's code."""
     best = kernels.best_isa()
-    return [isa for isa in (1, 2) if isa <= best] + [WIDE_ON_AVX2]
+    return [isa for isa in (1, 2) if isa <= best] + [kernels.load().isa_names().index("wide_on_avx2")]
+
+
+def test_python_names_the_instruction_sets_as_the_kernels_do(module):
+    """kernels.ISA_NAMES (what LLM_KERNEL_ISA takes and the load log says) is isa.h's enum, by number, less the
+    test-only copies that follow the served ones."""
+    names = module.isa_names()
+    assert names[: len(kernels.ISA_NAMES)] == [kernels.ISA_NAMES[i] for i in range(len(kernels.ISA_NAMES))]
+    assert names[len(kernels.ISA_NAMES) :] == ["wide_on_avx2"]
+    assert module.best_isa() in kernels.ISA_NAMES
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -1,8 +1,9 @@
 """Our C++ kernels (`lowbit.cpp`: low-bit linear layers; `layer_ops.cpp`: decoder-layer ops; `decoder_stack.cpp`:
 a short step's decoder layers in one call), built once with torch's C++ extension tooling and cached.
 
-The build has no CPU-specific flags: each instruction-set path is compiled with its own target pragma and the
-running CPU picks one per call (`best_isa`), so one artefact serves every x86 machine; the cache key is the
+The build has no CPU-specific flags: each kernel family's vector code is compiled once per instruction set, each copy
+with its own target pragma (`isa_copies.h`), and every call runs the copy for the running CPU's instruction set
+(`best_isa`, from its flags at run time: `isa.h`), so one artefact serves every x86 machine; the cache key is the
 source's hash and the torch version. `make kernels` builds it (`python -m backend.model.kernels`); a server that finds
 no build makes one at load (about a minute on 2 cores) or, where that fails, runs the pure-torch path and says
 why in the load log.
@@ -39,8 +40,21 @@ SOURCES = [
     )
 ]
 HEADERS = [
-    Path(__file__).with_name(n) for n in ("lowbit_tiles.h", "ops.h", "kv_formats.h", "thread_pool.h")
+    Path(__file__).with_name(n)
+    for n in (
+        "isa.h",
+        "isa_copies.h",
+        "lowbit_tiles.h",
+        "lowbit_int8_tiles.h",
+        "layer_ops_copy.h",
+        "kv_formats_copy.h",
+        "ops.h",
+        "kv_formats.h",
+        "thread_pool.h",
+    )
 ]  # included: part of the build key
+# The instruction sets the server chooses among, by number: isa.h's enum (its test-only copies after these left out);
+# the built module says its names (`isa_names()`), and a unit test holds this table to them.
 ISA_NAMES = {0: "none", 1: "avx2", 2: "avx512"}
 _REPO = Path(__file__).resolve().parents[3]
 _state: dict[str, object] = {}

@@ -142,8 +142,8 @@ class DecoderStack {
     const int64_t rows = qkv.size(0), d = qkv.size(1) / (heads_ + 2 * kv_heads_);
     const at::Tensor q = qkv.narrow(1, 0, heads_ * d).reshape({-1, d});
     const at::Tensor k = qkv.narrow(1, heads_ * d, kv_heads_ * d).reshape({-1, d});
-    return at::cat({add_rms_norm(q, {}, head_norms_[2 * i], eps_).view({rows, heads_ * d}),
-                    add_rms_norm(k, {}, head_norms_[2 * i + 1], eps_).view({rows, kv_heads_ * d}),
+    return at::cat({add_rms_norm(q, {}, head_norms_[2 * i], eps_, ops_isa_).view({rows, heads_ * d}),
+                    add_rms_norm(k, {}, head_norms_[2 * i + 1], eps_, ops_isa_).view({rows, kv_heads_ * d}),
                     qkv.narrow(1, (heads_ + kv_heads_) * d, kv_heads_ * d)},
                    1);
   }
@@ -195,7 +195,7 @@ class DecoderStack {
       std::copy(cos_rows + position[t] * dim_, cos_rows + (position[t] + 1) * dim_, cos + t * dim_);
       std::copy(sin_rows + position[t] * dim_, sin_rows + (position[t] + 1) * dim_, sin + t * dim_);
     }
-    add_rms_norm_into(h, nullptr, norms_[0].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
+    add_rms_norm_into(h, nullptr, norms_[0].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_, ops_isa_);
     const float* layer_input = next_normed;
     for (int64_t i = 0; i < n; ++i) {
       const Projection* p = &projections_[4 * i];
@@ -205,19 +205,22 @@ class DecoderStack {
         normed_heads = head_normed(at::from_blob(qkv, {rows, qkv_width_}, options), i);
       kv.cache = static_cast<char*>(kv_cache.data_ptr()) + i * layer_elements * kv_cache.element_size();
       rope_paged_attention_into(normed_heads.defined() ? normed_heads.data_ptr<float>() : qkv, cos, sin, rows, kv,
-                                queries, attended);
+                                queries, attended, ops_isa_);
       p[1].into(attended, rows, projected, isa_);
-      add_rms_norm_into(h, projected, norms_[2 * i + 1].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
+      add_rms_norm_into(h, projected, norms_[2 * i + 1].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_,
+                        ops_isa_);
       p[2].into(next_normed, rows, gate_up, isa_);
-      silu_mul_into(gate_up, gated, rows, intermediate_);
+      silu_mul_into(gate_up, gated, rows, intermediate_, ops_isa_);
       p[3].into(gated, rows, delta, isa_);
       if (i + 1 < n)
-        add_rms_norm_into(h, delta, norms_[2 * i + 2].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_);
+        add_rms_norm_into(h, delta, norms_[2 * i + 2].data_ptr<float>(), next_normed, rows, hidden_, (float)eps_,
+                          ops_isa_);
       layer_input = next_normed;
     }
     const at::Tensor deltas =
         workspace.narrow(0, delta - workspace.data_ptr<float>(), rows * hidden_).view({rows, hidden_});
-    const at::Tensor last = add_rms_norm(hidden.index_select(0, keep), deltas.index_select(0, keep), norms_.back(), eps_);
+    const at::Tensor last =
+        add_rms_norm(hidden.index_select(0, keep), deltas.index_select(0, keep), norms_.back(), eps_, ops_isa_);
     return projections_.back()(last, isa_);
   }
 
@@ -226,6 +229,7 @@ class DecoderStack {
   std::vector<at::Tensor> norms_, head_norms_;
   std::vector<Projection> projections_;
   int64_t isa_, heads_, kv_heads_;
+  int64_t ops_isa_ = layer_ops_isa();  // the layer ops' copy (isa_ is the low-bit kernel's)
   int64_t hidden_ = 0, qkv_width_ = 0, dim_ = 0, intermediate_ = 0;
   double scale_, eps_;
 };

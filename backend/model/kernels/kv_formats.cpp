@@ -1,7 +1,8 @@
 // The KV cache's element formats (kv_formats.h): rows written from fp32, blocks read back as fp32. Reading is
-// compiled for AVX-512, AVX2 and baseline x86-64, the copy for the running CPU picked at load (as in layer_ops.cpp);
-// every copy gives the same bits (a 16-bit float or an int8 times an fp16 scale is one exact widening or one fp32
-// multiply). Writing is scalar in every copy: one row per written token and layer, and roundf's rounding exactly.
+// compiled for AVX-512, AVX2 and baseline x86-64 (kv_formats_copy.h, through isa_copies.h) and runs the copy its
+// caller's `isa` names; every copy gives the same bits (a 16-bit float or an int8 times an fp16 scale is one exact
+// widening or one fp32 multiply). Writing is scalar, in one copy: one row per written token and layer, and roundf's
+// rounding exactly.
 #include "kv_formats.h"
 
 #include <c10/util/BFloat16.h>
@@ -20,83 +21,11 @@ inline float half_at(const uint8_t* p) {  // a record's fp16 scale (unaligned)
   return float(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// out[r * dim + i] = float(in[r * stride + i]) for `rows` rows of `dim` 16-bit floats (`format` KV_F16 or KV_BF16),
-// `stride` elements apart: a block of a 16-bit KV cache made float32 (exactly: every 16-bit float is a float32).
-__attribute__((target("default"))) void widen_rows(const uint16_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                   KvFormat format, float* out) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < dim; ++i) {
-      const uint16_t bits = in[r * stride + i];
-      out[r * dim + i] = format == KV_F16 ? float(c10::Half(bits, c10::Half::from_bits()))
-                                          : float(c10::BFloat16(bits, c10::BFloat16::from_bits()));
-    }
-}
-
-// A macro, not a template (lambdas and templates do not inherit a function's target attribute): W lanes a step, the
-// tail as the baseline copy widens it.
-#define LOAD_8_HALVES(p) _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
-#define LOAD_16_HALVES(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-#define WIDEN_LANES(W, LOAD16, F16_TO_PS, U16_TO_EPI32, SLLI, CAST, STOREU)                      \
-  const int64_t body = dim - dim % W;                                                          \
-  for (int64_t r = 0; r < rows; ++r) {                                                         \
-    const uint16_t* row = in + r * stride;                                                     \
-    float* to = out + r * dim;                                                                 \
-    for (int64_t i = 0; i < body; i += W) {                                                    \
-      const auto half = LOAD16(row + i);                                                       \
-      STOREU(to + i, format == KV_F16 ? F16_TO_PS(half) : CAST(SLLI(U16_TO_EPI32(half), 16))); \
-    }                                                                                          \
-    for (int64_t i = body; i < dim; ++i)                                                       \
-      to[i] = format == KV_F16 ? float(c10::Half(row[i], c10::Half::from_bits()))              \
-                               : float(c10::BFloat16(row[i], c10::BFloat16::from_bits()));     \
-  }
-
-__attribute__((target("avx2,f16c"))) void widen_rows(const uint16_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                     KvFormat format, float* out) {
-  WIDEN_LANES(8, LOAD_8_HALVES, _mm256_cvtph_ps, _mm256_cvtepu16_epi32, _mm256_slli_epi32, _mm256_castsi256_ps,
-              _mm256_storeu_ps)
-}
-
-__attribute__((target("avx512f"))) void widen_rows(const uint16_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                   KvFormat format, float* out) {
-  WIDEN_LANES(16, LOAD_16_HALVES, _mm512_cvtph_ps, _mm512_cvtepu16_epi32, _mm512_slli_epi32, _mm512_castsi512_ps,
-              _mm512_storeu_ps)
-}
-#undef WIDEN_LANES
-#undef LOAD_8_HALVES
-#undef LOAD_16_HALVES
-
-// out[r * dim + i] = q * d of value i of row r, for `rows` q8_0 rows `stride` bytes apart: a block of a q8_0 KV
-// cache made float32, record by record (an fp16 scale d, 32 int8s q); EACH_RECORD writes `to` from `record` and d.
-#define Q8_0_ROWS(EACH_RECORD)                                     \
-  for (int64_t r = 0; r < rows; ++r)                               \
-    for (int64_t b = 0; b < dim / kQ8Block; ++b) {                 \
-      const uint8_t* record = in + r * stride + b * kQ8Record;     \
-      const float d = half_at(record);                             \
-      float* to = out + r * dim + b * kQ8Block;                    \
-      EACH_RECORD                                                  \
-    }
-
-__attribute__((target("default"))) void q8_0_rows(const uint8_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                  float* out) {
-  Q8_0_ROWS(for (int64_t j = 0; j < kQ8Block; ++j) to[j] = float(static_cast<int8_t>(record[2 + j])) * d;)
-}
-
-__attribute__((target("avx2"))) void q8_0_rows(const uint8_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                               float* out) {
-  Q8_0_ROWS(for (int j = 0; j < kQ8Block; j += 8) {
-    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(record + 2 + j));
-    _mm256_storeu_ps(to + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(d)));
-  })
-}
-
-__attribute__((target("avx512f"))) void q8_0_rows(const uint8_t* in, int64_t stride, int64_t rows, int64_t dim,
-                                                  float* out) {
-  Q8_0_ROWS(for (int j = 0; j < kQ8Block; j += 16) {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + 2 + j));
-    _mm512_storeu_ps(to + j, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(d)));
-  })
-}
-#undef Q8_0_ROWS
+#define ISA_COPY_FILE "kv_formats_copy.h"
+#define ISA_COPY_NONE 1
+#define ISA_COPY_AVX2 1
+#define ISA_COPY_AVX512 1
+#include "isa_copies.h"
 
 // llama.cpp's quantize_row_q8_0_ref for one row of `dim` values (kv_formats.h): per block of 32, d = max|x| / 127,
 // q = roundf(x * (1 / d)), the scale stored as fp16 rounded to nearest even (c10::Half, as F16C and torch round).
@@ -139,13 +68,13 @@ void kv_store_row(const float* in, void* cache, int64_t offset, int64_t dim, KvF
 }
 
 void kv_rows_to_float(const void* cache, int64_t first, int64_t stride, int64_t rows, int64_t dim, KvFormat format,
-                      float* out) {
+                      float* out, int64_t isa) {
   if (format == KV_F32) {
     const float* in = static_cast<const float*>(cache) + first;
     for (int64_t r = 0; r < rows; ++r) std::copy(in + r * stride, in + r * stride + dim, out + r * dim);
   } else if (format == KV_Q8_0) {
-    q8_0_rows(static_cast<const uint8_t*>(cache) + first, stride, rows, dim, out);
+    ISA_CALL(isa, q8_0_rows(static_cast<const uint8_t*>(cache) + first, stride, rows, dim, out));
   } else {
-    widen_rows(static_cast<const uint16_t*>(cache) + first, stride, rows, dim, format, out);
+    ISA_CALL(isa, widen_rows(static_cast<const uint16_t*>(cache) + first, stride, rows, dim, format, out));
   }
 }

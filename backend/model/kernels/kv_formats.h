@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "isa.h"
+
 // float32; 16-bit floats, rounded to nearest even when written (as torch's .to() rounds) and widened exactly when
 // read; or llama.cpp's block_q8_0 records (Q8_0 below).
 enum KvFormat : int64_t { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_Q8_0 = 3 };
@@ -28,6 +30,7 @@ inline int64_t kv_element_bytes(KvFormat format) {
 // `dim` floats into the cache row at element `offset` of `cache` (rounded or quantized as the format says).
 void kv_store_row(const float* in, void* cache, int64_t offset, int64_t dim, KvFormat format);
 // out[r * dim + i] = value i of row r for `rows` rows starting at element `first` of `cache`, `stride` elements
-// apart (a block of a layer's keys or values for one KV head), in the copy for this CPU's instruction set.
+// apart (a block of a layer's keys or values for one KV head), in the copy for instruction set `isa` (isa.h: none,
+// AVX2 or AVX-512, one this CPU runs).
 void kv_rows_to_float(const void* cache, int64_t first, int64_t stride, int64_t rows, int64_t dim, KvFormat format,
-                      float* out);
+                      float* out, int64_t isa);

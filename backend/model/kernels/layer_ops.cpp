@@ -2,13 +2,11 @@
 // residual add + RMSNorm, SiLU(gate) * up, and RoPE + KV-cache write + attention over the paged KV blocks
 // in place (no gather of each sequence's blocks into a padded tensor). fp32 arithmetic; the KV cache may hold
 // 16-bit floats or q8_0 records (kv_cache_dtype, kv_formats.h), made fp32 a block at a time before the fp32 code
-// reads them. Element-wise arithmetic
-// follows Hugging Face's op for op (the extension is built with -ffp-contract=off, so `a * b + c * d` rounds
-// as torch rounds it); only the order of the reductions (sums of squares, dot products, softmax sums) differs.
-// Each function is compiled for AVX-512, AVX2 and baseline x86-64 and the loader picks one for the running CPU
-// (GCC target_clones), so the build machine's flags never matter. The clones are named by instruction set, not by
-// CPU: GCC dispatches `arch=haswell` / `arch=skylake-avx512` clones on the CPU model (__builtin_cpu_is), so every
-// AMD and most Intel CPUs ran the baseline SSE2 copy; `layer_ops_isa` reports the pick and a test holds it.
+// reads them. Element-wise arithmetic follows Hugging Face's op for op (the extension is built with
+// -ffp-contract=off, so `a * b + c * d` rounds as torch rounds it); only the order of the reductions (sums of
+// squares, dot products, softmax sums) differs. The vector code (layer_ops_copy.h) is compiled for AVX-512, AVX2 and
+// baseline x86-64 (isa_copies.h) and each op runs the copy its `isa` names: by default layer_ops_isa(), the best
+// this CPU runs (isa.h), so the build machine's flags never matter; the tests run every copy the CPU has.
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
@@ -16,25 +14,17 @@
 #include <cstring>
 #include <vector>
 
+#include "isa.h"
 #include "kv_formats.h"
 #include "ops.h"
 #include "thread_pool.h"
 
-#define LAYER_OPS_AVX512 "avx512f"
-#define LAYER_OPS_AVX2 "avx2"
-#define CLONES __attribute__((target_clones(LAYER_OPS_AVX512, LAYER_OPS_AVX2, "default")))
-
 namespace {
-
-// The same dispatch as CLONES, written out so that it can say which copy runs: 2 AVX-512, 1 AVX2, 0 baseline.
-__attribute__((target(LAYER_OPS_AVX512))) int64_t clone_isa() { return 2; }
-__attribute__((target(LAYER_OPS_AVX2))) int64_t clone_isa() { return 1; }
-__attribute__((target("default"))) int64_t clone_isa() { return 0; }
 
 // sum(term(i)) in kLanes running sums (lane l takes every i with i % kLanes == l), added pairwise at the end:
 // vector registers instead of one scalar chain whose every add waits for the one before (a plain `sum +=` loop,
 // which the compiler may not reorder, ran attention's dot products one multiply-add per 4 cycles). Only the
-// order of the sum changes. Inlined into each CPU's copy of its callers.
+// order of the sum changes. Inlined into each instruction set's copy of its callers.
 constexpr int kLanes = 16;
 template <typename Term>
 inline __attribute__((always_inline)) float lane_sum(int64_t n, Term term) {
@@ -67,101 +57,12 @@ inline void exp_scalar(const float* in, float* out, int64_t n, float sign, float
   for (int64_t i = 0; i < n; ++i) out[i] = std::exp(sign * in[i] - shift);
 }
 
-__attribute__((target("default"))) void exp_array(const float* in, float* out, int64_t n, float sign, float shift) {
-  exp_scalar(in, out, n, sign, shift);
-}
-
-// One vector exp at a time, the tail through a zero-padded copy so that every value takes the same exp. Full
-// vectors are loaded and stored directly (a lane-by-lane copy in and out made silu_mul three times as slow at 32
-// rows); sign * x - shift is the same two operations either way. A macro, not a template: lambdas and templates do
-// not inherit a function's target attribute.
-#define EXP_LANES(W, VEC, LOADU, STOREU, SET1, MUL, SUB, EXP)                              \
-  const VEC signs = SET1(sign), shifts = SET1(shift);                                   \
-  int64_t i = 0;                                                                         \
-  for (; i + W <= n; i += W) STOREU(out + i, EXP(SUB(MUL(LOADU(in + i), signs), shifts))); \
-  if (i < n) {                                                                           \
-    alignas(64) float lane[W] = {};                                                      \
-    for (int64_t l = 0; l < n - i; ++l) lane[l] = sign * in[i + l] - shift;              \
-    STOREU(lane, EXP(LOADU(lane)));                                                      \
-    std::copy(lane, lane + (n - i), out + i);                                            \
-  }
-
-__attribute__((target("avx2,fma"))) void exp_array(const float* in, float* out, int64_t n, float sign, float shift) {
-  if (Sleef_expf8_u10avx2 == nullptr) return exp_scalar(in, out, n, sign, shift);
-  EXP_LANES(8, __m256, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_mul_ps, _mm256_sub_ps,
-            Sleef_expf8_u10avx2)
-}
-
-__attribute__((target("avx512f"))) void exp_array(const float* in, float* out, int64_t n, float sign, float shift) {
-  if (Sleef_expf16_u10avx512f == nullptr) return exp_scalar(in, out, n, sign, shift);
-  EXP_LANES(16, __m512, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_mul_ps, _mm512_sub_ps,
-            Sleef_expf16_u10avx512f)
-}
-#undef EXP_LANES
-
-// scores[j] = (q . k_j) * scale for `count` keys `stride` floats apart. A dot product per key ends in a sum across
-// its lanes, which had cost more than the multiply-adds; on AVX2 (every AVX-512 CPU runs it too) eight keys' lanes
-// are reduced together by a tree of horizontal adds, one vector add per key. Only the order of each sum changes.
-__attribute__((target("default"))) void key_scores(const float* q, const float* keys, int64_t stride, int64_t count,
-                                                   int64_t dim, float scale, float* scores) {
-  for (int64_t j = 0; j < count; ++j) scores[j] = sum_of_products(q, keys + j * stride, dim) * scale;
-}
-
-__attribute__((target("avx2,fma"))) void key_scores(const float* q, const float* keys, int64_t stride, int64_t count,
-                                                    int64_t dim, float scale, float* scores) {
-  if (dim % 8 != 0) {
-    for (int64_t j = 0; j < count; ++j) scores[j] = sum_of_products(q, keys + j * stride, dim) * scale;
-    return;
-  }
-  for (int64_t j = 0; j < count; j += 8) {
-    const int keys_here = (int)std::min<int64_t>(8, count - j);
-    __m256 acc[8];
-    for (int p = 0; p < 8; ++p) acc[p] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < dim; d += 8) {
-      const __m256 qd = _mm256_loadu_ps(q + d);
-      for (int p = 0; p < keys_here; ++p)
-        acc[p] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + p) * stride + d), acc[p]);
-    }
-    // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | the same for the high halves]: after three levels, lane p of the
-    // low half plus lane p of the high half is key p's sum.
-    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
-    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
-    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-    const __m256 low = _mm256_permute2f128_ps(h0123, h4567, 0x20), high = _mm256_permute2f128_ps(h0123, h4567, 0x31);
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, _mm256_mul_ps(_mm256_add_ps(low, high), _mm256_set1_ps(scale)));
-    std::copy(sums, sums + keys_here, scores + j);
-  }
-}
-
-CLONES void add_rms_row(float* hidden, const float* delta, const float* weight, float* out, int64_t n, float eps) {
-  if (delta != nullptr)
-    for (int64_t i = 0; i < n; ++i) hidden[i] += delta[i];
-  const float sum = sum_of_products(hidden, hidden, n);
-  const float inv = 1.f / std::sqrt(sum / (float)n + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = weight[i] * (hidden[i] * inv);
-}
-
-CLONES void silu_mul_row(const float* gate, const float* up, float* out, int64_t n) {
-  exp_array(gate, out, n, -1.f, 0.f);  // exp(-gate), then torch's silu: gate / (1 + exp(-gate))
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + out[i]) * up[i];
-}
-
-// HF's (x * cos) + (rotate_half(x) * sin) for one head of `dim` values.
-CLONES void rope_head(const float* x, const float* cos, const float* sin, float* out, int64_t dim) {
-  const int64_t half = dim / 2;
-  for (int64_t i = 0; i < half; ++i) out[i] = x[i] * cos[i] + (-x[i + half]) * sin[i];
-  for (int64_t i = half; i < dim; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
-}
-
 // out[i] += weights[j] * values_j[i] for j = 0 .. count - 1 in order, `count` value rows `stride` floats apart, `dim`
 // values each: the outputs held in vector registers across the rows, 64 at a time in independent sums (the plain loop
 // loaded and stored every output once per row, and an add waited for the one before). Each output is summed exactly
-// as the plain loop sums it. `Vec` is GCC's vector type of the copy's register width (attend below): the AVX2 copy,
-// given 16-float vectors, kept them on the stack, a load and a store per multiply-add, which was most of a batch-1
-// step's attention there (docs/benchmarks.md, "Attention's sums in registers on AVX2").
-typedef float Vec16 __attribute__((vector_size(64)));
-typedef float Vec8 __attribute__((vector_size(32)));
+// as the plain loop sums it. `Vec` is GCC's vector type of the copy's register width (layer_ops_copy.h): the AVX2
+// copy, given 16-float vectors, kept them on the stack, a load and a store per multiply-add, which was most of a
+// batch-1 step's attention there (docs/benchmarks.md, "Attention's sums in registers on AVX2").
 template <typename Vec, int N>
 inline __attribute__((always_inline)) void add_weighted_rows_n(const float* weights, const float* values, int64_t count,
                                                                int64_t stride, float* out) {
@@ -189,83 +90,55 @@ inline __attribute__((always_inline)) void add_weighted_rows(const float* weight
 }
 
 // Attention of `count` query heads that share one KV head (q: `count` heads of `dim` floats, one after another) over
-// the `context` first positions of their sequence: out[h] += softmax(q_h . k_j * scale) weighted v_j, with position
-// j's key and value at slot table[j / block_size] * block_size + j % block_size (`stride` floats per slot); out is
-// `count` heads of `dim` floats. `scores` is scratch for count * context floats. Block by block, every head of the run
-// takes the block's keys (and then its values) while they are in L1, so a grouped-query model reads each key and
-// value once per run rather than once per head; each head's arithmetic is what attending it alone computes, in the
-// same order. One call per run, so that its loops run inlined in the copy for this CPU. `keys` and `values` point at
-// the run's KV head in the cache's first slot, elements of `format` (`stride` of them per slot); a 16-bit or q8_0
-// block is made fp32 into `widened` (block_size * dim floats) first, and the fp32 code reads that copy.
+// the `context` first positions of their sequence: out[h] += softmax(q_h . k_j * scale) weighted v_j, with position j's
+// key and value at slot table[j / block_size] * block_size + j % block_size (`stride` floats per slot); out is `count`
+// heads of `dim` floats. `scores` is scratch for count * context floats. Block by block, every head of the run takes
+// the block's keys (and then its values) while they are in L1, so a grouped-query model reads each key and value once
+// per run rather than once per head; each head's arithmetic is what attending it alone computes, in the same order. One
+// call per run, so that its loops run inlined in the copy for this CPU (attend, layer_ops_copy.h). `keys` and `values`
+// point at the run's KV head in the cache's first slot, elements of `format` (`stride` of them per slot); a 16-bit or
+// q8_0 block is made fp32 into `widened` (block_size * dim floats) first, and the fp32 code reads that copy.
 inline __attribute__((always_inline)) const float* block_rows(const void* cache, int64_t first, int64_t rows,
                                                               int64_t stride, int64_t dim, KvFormat format,
-                                                              float* widened, int64_t& row_stride) {
+                                                              float* widened, int64_t& row_stride, int64_t isa) {
   if (format == KV_F32) {
     row_stride = stride;
     return static_cast<const float*>(cache) + first;
   }
-  kv_rows_to_float(cache, first, stride, rows, dim, format, widened);
+  kv_rows_to_float(cache, first, stride, rows, dim, format, widened, isa);
   row_stride = dim;
   return widened;
 }
 
-template <typename Vec>
-inline __attribute__((always_inline)) void attend_with(const float* q, int64_t count, const void* keys,
-                                                       const void* values, KvFormat format, const int64_t* table,
-                                                       int64_t context, int64_t block_size, int64_t stride,
-                                                       int64_t dim, float scale, float* scores, float* widened,
-                                                       float* out) {
-  int64_t row_stride = stride;
-  // Block by block: a division per position (a 64-bit divide is tens of cycles) cost more than its dot product.
-  for (int64_t start = 0; start < context; start += block_size) {
-    const int64_t end = std::min(context, start + block_size), first = table[start / block_size] * block_size * stride;
-    const float* k = block_rows(keys, first, end - start, stride, dim, format, widened, row_stride);
-    for (int64_t h = 0; h < count; ++h)
-      key_scores(q + h * dim, k, row_stride, end - start, dim, scale, scores + h * context + start);
-  }
-  for (int64_t h = 0; h < count; ++h) {
-    float* s = scores + h * context;
-    float top = -INFINITY;
-    for (int64_t j = 0; j < context; ++j) top = std::max(top, s[j]);
-    exp_array(s, s, context, 1.f, top);
-  }
-  for (int64_t start = 0; start < context; start += block_size) {
-    const int64_t end = std::min(context, start + block_size), first = table[start / block_size] * block_size * stride;
-    const float* v = block_rows(values, first, end - start, stride, dim, format, widened, row_stride);
-    for (int64_t h = 0; h < count; ++h)
-      add_weighted_rows<Vec>(scores + h * context + start, v, end - start, row_stride, dim, out + h * dim);
-  }
-  for (int64_t h = 0; h < count; ++h) {
-    const float* s = scores + h * context;
-    const float inverse = 1.f / lane_sum(context, [=](int64_t j) { return s[j]; });
-    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] *= inverse;
-  }
-}
+#define ISA_COPY_FILE "layer_ops_copy.h"
+#define ISA_COPY_NONE 1
+#define ISA_COPY_AVX2 1
+#define ISA_COPY_AVX512 1
+#include "isa_copies.h"
 
-// attend_with in each instruction set's copy (CLONES' dispatch, written out to give each its vector width).
-#define ATTEND_ARGS                                                                                             \
-  const float *q, int64_t count, const void *keys, const void *values, KvFormat format, const int64_t *table,   \
-      int64_t context, int64_t block_size, int64_t stride, int64_t dim, float scale, float *scores, float *widened, \
-      float *out
-#define ATTEND_CALL q, count, keys, values, format, table, context, block_size, stride, dim, scale, scores, widened, out
-__attribute__((target(LAYER_OPS_AVX512))) void attend(ATTEND_ARGS) { attend_with<Vec16>(ATTEND_CALL); }
-__attribute__((target(LAYER_OPS_AVX2))) void attend(ATTEND_ARGS) { attend_with<Vec8>(ATTEND_CALL); }
-__attribute__((target("default"))) void attend(ATTEND_ARGS) { attend_with<Vec8>(ATTEND_CALL); }
-#undef ATTEND_ARGS
-#undef ATTEND_CALL
+// `isa` as the ops' bindings take it: -1 (their default) is layer_ops_isa(), else a copy this CPU runs.
+int64_t ops_isa(int64_t isa) {
+  if (isa < 0) return layer_ops_isa();
+  TORCH_CHECK(isa == ISA_NONE || isa == ISA_AVX2 || isa == ISA_AVX512,
+              "the layer ops have no copy for instruction set ", isa);
+  TORCH_CHECK(isa <= best_isa(), "this CPU does not run instruction set ", isa);
+  return isa;
+}
 
 }  // namespace
 
-int64_t layer_ops_isa() { return clone_isa(); }
+int64_t layer_ops_isa() { return best_isa(); }
 
 void add_rms_norm_into(float* hidden, const float* delta, const float* weight, float* out, int64_t rows, int64_t n,
-                       float eps) {
+                       float eps, int64_t isa) {
   for (int64_t r = 0; r < rows; ++r)
-    add_rms_row(hidden + r * n, delta != nullptr ? delta + r * n : nullptr, weight, out + r * n, n, eps);
+    ISA_CALL(isa,
+             add_rms_row(hidden + r * n, delta != nullptr ? delta + r * n : nullptr, weight, out + r * n, n, eps));
 }
 
 // hidden += delta (when given), then RMSNorm(hidden) * weight; hidden is updated in place.
-at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps) {
+at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::Tensor weight, double eps,
+                        int64_t isa) {
   TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.is_contiguous() && hidden.dim() == 2,
               "hidden must be a contiguous 2-D float32 tensor");
   const int64_t rows = hidden.size(0), n = hidden.size(1);
@@ -278,44 +151,47 @@ at::Tensor add_rms_norm(at::Tensor hidden, c10::optional<at::Tensor> delta, at::
   TORCH_CHECK(w.numel() == n && w.scalar_type() == at::kFloat, "weight must hold one float32 per column");
   auto out = at::empty_like(hidden);
   add_rms_norm_into(hidden.data_ptr<float>(), d.defined() ? d.data_ptr<float>() : nullptr, w.data_ptr<float>(),
-                    out.data_ptr<float>(), rows, n, (float)eps);
+                    out.data_ptr<float>(), rows, n, (float)eps, ops_isa(isa));
   return out;
 }
 
 // Rows on the kernels' pool, about 8K values a chunk (a chunk costs a few microseconds to hand out): at 32 rows of
 // SmolLM2's 1536 this was 2 ms of an 80 ms step on one core while the other waited.
-void silu_mul_into(const float* gate_up, float* out, int64_t rows, int64_t n) {
+void silu_mul_into(const float* gate_up, float* out, int64_t rows, int64_t n, int64_t isa) {
   pool::parallel_for(rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) silu_mul_row(gate_up + r * 2 * n, gate_up + r * 2 * n + n, out + r * n, n);
+    for (int64_t r = begin; r < end; ++r)
+      ISA_CALL(isa, silu_mul_row(gate_up + r * 2 * n, gate_up + r * 2 * n + n, out + r * n, n));
   });
 }
 
 // SiLU(gate_up[:, :I]) * gate_up[:, I:] for gate_up [T, 2I].
-at::Tensor silu_mul(at::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up, int64_t isa) {
   TORCH_CHECK(gate_up.scalar_type() == at::kFloat && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
               "gate_up must be a 2-D float32 tensor with an even width");
   gate_up = gate_up.contiguous();
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
   auto out = at::empty({rows, n}, gate_up.options());
-  silu_mul_into(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, n);
+  silu_mul_into(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, n, ops_isa(isa));
   return out;
 }
 
 void rope_paged_attention_into(const float* x, const float* cos, const float* sin, int64_t rows, const PagedKv& kv,
-                               float* q, float* o) {
+                               float* q, float* o, int64_t isa) {
   const int64_t heads = kv.heads, kv_heads = kv.kv_heads, dim = kv.dim, width = (heads + 2 * kv_heads) * dim;
   const int64_t row = kv_row_elements(kv.format, dim), element = kv_element_bytes(kv.format);  // of the cache
   std::vector<float> key(dim);
   for (int64_t t = 0; t < rows; ++t) {  // RoPE on q and k, keys and values into their slots
     const float* c = cos + t * dim;
     const float* s = sin + t * dim;
-    for (int64_t h = 0; h < heads; ++h) rope_head(x + t * width + h * dim, c, s, q + (t * heads + h) * dim, dim);
+    for (int64_t h = 0; h < heads; ++h)
+      ISA_CALL(isa, rope_head(x + t * width + h * dim, c, s, q + (t * heads + h) * dim, dim));
     const int64_t slot = kv.slots[t] * kv_heads * row;
     for (int64_t h = 0; h < kv_heads; ++h) {
       if (kv.format == KV_F32) {  // rotated straight into the cache
-        rope_head(x + t * width + (heads + h) * dim, c, s, static_cast<float*>(kv.cache) + slot + h * dim, dim);
+        float* key_row = static_cast<float*>(kv.cache) + slot + h * dim;
+        ISA_CALL(isa, rope_head(x + t * width + (heads + h) * dim, c, s, key_row, dim));
       } else {
-        rope_head(x + t * width + (heads + h) * dim, c, s, key.data(), dim);
+        ISA_CALL(isa, rope_head(x + t * width + (heads + h) * dim, c, s, key.data(), dim));
         kv_store_row(key.data(), kv.cache, slot + h * row, dim, kv.format);
       }
       kv_store_row(x + t * width + (heads + kv_heads + h) * dim, kv.cache, kv.cache_half + slot + h * row, dim,
@@ -336,9 +212,9 @@ void rope_paged_attention_into(const float* x, const float* cos, const float* si
       TORCH_CHECK((context + kv.block_size - 1) / kv.block_size <= kv.max_blocks, "block table too short for row ", t);
       scores.resize(run * context);
       const char* cache = static_cast<const char*>(kv.cache);
-      attend(q + (t * heads + h) * dim, run, cache + kvh * row * element, cache + (kv.cache_half + kvh * row) * element,
-             kv.format, table, context, kv.block_size, kv_heads * row, dim, kv.scale, scores.data(), widened.data(),
-             o + (t * heads + h) * dim);
+      ISA_CALL(isa, attend(q + (t * heads + h) * dim, run, cache + kvh * row * element,
+                           cache + (kv.cache_half + kvh * row) * element, kv.format, table, context, kv.block_size,
+                           kv_heads * row, dim, kv.scale, scores.data(), widened.data(), o + (t * heads + h) * dim));
     }
   });
 }
@@ -352,7 +228,7 @@ void rope_paged_attention_into(const float* x, const float* cos, const float* si
 // the drafts before them). Returns [T, H * D].
 at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor layer_cache,
                                 at::Tensor slots, at::Tensor positions, at::Tensor row_seq, at::Tensor block_tables,
-                                int64_t heads, int64_t kv_heads, double scale) {
+                                int64_t heads, int64_t kv_heads, double scale, int64_t isa) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat, "rope_paged_attention computes in float32: qkv must be float32");
   TORCH_CHECK(layer_cache.is_contiguous() && layer_cache.dim() == 5, "layer_cache must be contiguous [2, B, S, KVH, D]");
   qkv = qkv.contiguous();
@@ -376,6 +252,6 @@ at::Tensor rope_paged_attention(at::Tensor qkv, at::Tensor cos, at::Tensor sin, 
   auto queries = at::empty({rows, heads * dim}, qkv.options());
   auto out = at::empty({rows, heads * dim}, qkv.options());
   rope_paged_attention_into(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), rows, kv,
-                            queries.data_ptr<float>(), out.data_ptr<float>());
+                            queries.data_ptr<float>(), out.data_ptr<float>(), ops_isa(isa));
   return out;
 }

@@ -33,9 +33,10 @@
 // of input 0, then of input 1, ...), each value converted exactly as it is loaded (F16C's conversion; bf16 is the top
 // half of an fp32), into the same dense kernel the buffered path runs.
 //
-// The tile kernels are written once (lowbit_tiles.h) and compiled per instruction set, each with its own target
-// pragma, never with the build machine's flags: AVX2 + FMA + F16C (8 lanes), AVX-512 (16 lanes), and the 16-lane
-// code on AVX2 instructions, which lets the tests run the AVX-512 copy's source on any CPU.
+// The tile kernels are written once (lowbit_tiles.h) and compiled per instruction set by isa_copies.h, never with
+// the build machine's flags: AVX2 + FMA + F16C (8 lanes), AVX-512 (16 lanes), and the 16-lane code on AVX2
+// instructions, which lets the tests run the AVX-512 copy's source on any CPU; each call runs the copy its `isa`
+// names (isa.h).
 #include <ATen/ATen.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
@@ -46,23 +47,17 @@
 #include <utility>
 #include <vector>
 
+#include "isa.h"
 #include "ops.h"
 #include "thread_pool.h"
 
 namespace {
 
-constexpr int kTile = 16;   // output rows per tile
-constexpr int kBlock = 32;  // inputs per block
-// The tile kernels prefetch the record this many blocks ahead: streamed from memory, the hardware prefetcher alone
-// left a one-row pass 1.2-1.5x slower than with it (docs/benchmarks.md).
-constexpr int kPrefetchRecords = 6;
 // Q4_1_INT8: Q4_1 weights with activations rounded to int8 (lowbit_int8.cpp), `quantization: gguf_int8`.
 // F32_TILE is not a stored format: the buffered path's de-quantized tile, which the dense kernel reads.
 enum Format { Q4_1 = 0, Q8_0 = 1, Q4_1_INT8 = 2, Q5_1 = 3, Q4_K = 4, Q5_K = 5, Q6_K = 6, F16 = 7, BF16 = 8, F32_TILE = 9 };
 constexpr bool known_format(int64_t f) { return f == Q4_1 || f == Q8_0 || (f >= Q5_1 && f <= BF16); }
 constexpr bool is_half(int64_t f) { return f == F16 || f == BF16; }
-// ISA_WIDE_ON_AVX2 is for tests: AVX-512's 16-lane code and row blocking, built from AVX2 instructions.
-enum Isa { ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_WIDE_ON_AVX2 = 3 };
 
 // A record format's traits: bits per q, whether blocks have an offset m (scales are fp16).
 constexpr int word_bits(int format) {
@@ -91,6 +86,7 @@ constexpr int record_bytes(int format) {
                           : header_bytes(format) + word_block_bytes(format);
 }
 static_assert(super_header_bytes(Q4_K) % kSuper == 0 && super_header_bytes(Q6_K) % kSuper == 0, "whole records");
+static_assert(record_bytes(Q4_1) == kQ4_1RecordBytes, "isa.h's Q4_1 record");
 constexpr int weight_bytes(int format) { return format == F32_TILE ? 4 : 2; }  // what the dense kernel reads
 // x[j] is multiplied by this before the kernel (a power of two: exact), so that it meets q * 2^shift.
 constexpr float input_scale(int format, int j) {
@@ -112,34 +108,11 @@ struct Kernels {
   DenseFn dense[kMaxRows];  // over a de-quantized tile; for f16 and bf16, over the stored tile
 };
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-#define LANES 8
-#define LOWBIT_AVX512 0
-#include "lowbit_tiles.h"
-#undef LANES
-#undef LOWBIT_AVX512
-}  // namespace avx2
-namespace wide_on_avx2 {
-#define LANES 16
-#define LOWBIT_AVX512 0
-#include "lowbit_tiles.h"
-#undef LANES
-#undef LOWBIT_AVX512
-}  // namespace wide_on_avx2
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-namespace avx512 {
-#define LANES 16
-#define LOWBIT_AVX512 1
-#include "lowbit_tiles.h"
-#undef LANES
-#undef LOWBIT_AVX512
-}  // namespace avx512
-#pragma GCC pop_options
+#define ISA_COPY_FILE "lowbit_tiles.h"
+#define ISA_COPY_AVX2 1
+#define ISA_COPY_WIDE_ON_AVX2 1
+#define ISA_COPY_AVX512 1
+#include "isa_copies.h"
 
 Kernels kernels_for(int isa, int format) {
   // Up to 16 rows AVX2 re-de-quantizes each tile in registers for every block of 4 (or 5) rows; above that, a tile
@@ -211,23 +184,13 @@ int64_t tile_grain(int64_t tiles, int64_t block_rows_per_tile) {
   return std::max<int64_t>(1, std::min(worth_waking, (tiles + 4 * per_thread - 1) / (4 * per_thread)));
 }
 
-// The best instruction set this CPU runs (0: neither, use the pure-torch path).
-int64_t best_isa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
-    return ISA_AVX512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;  // F16C: every AVX2 CPU
-  return 0;
-}
-
 void check_lowbit_packed(const at::Tensor& packed, int64_t in_features, int64_t out_features, int64_t format,
                          int64_t isa) {
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed must be contiguous uint8");
   if (format == Q4_1_INT8) return;  // lowbit_linear_int8 checks its own records
   TORCH_CHECK(known_format(format), "unknown block format ", format);
   TORCH_CHECK(isa == ISA_AVX2 || isa == ISA_AVX512 || isa == ISA_WIDE_ON_AVX2, "unknown instruction set ", isa);
-  TORCH_CHECK((isa == ISA_WIDE_ON_AVX2 ? ISA_AVX2 : isa) <= best_isa(), "this CPU does not run instruction set ", isa);
+  TORCH_CHECK(isa_instructions(isa) <= best_isa(), "this CPU does not run instruction set ", isa);
   TORCH_CHECK(in_features % kBlock == 0, "in_features must be a multiple of 32, got ", in_features);
   TORCH_CHECK(!is_super((int)format) || in_features % (kSuper * kBlock) == 0,
               "K-quant weights need a multiple of 256 inputs, got ", in_features);

@@ -1,17 +1,17 @@
-// One instruction set's copy of the low-bit tile kernels. lowbit.cpp includes this file once per copy, inside a
-// namespace of its own and a `#pragma GCC target`, with LANES (fp32 lanes per vector: 8 or 16) and LOWBIT_AVX512
-// (1 where the copy may use AVX-512 instructions) defined. The code is written once in GCC's vector extensions,
-// so the 16-lane copy that AVX-512 CPUs run is the same source as a 16-lane copy built from AVX2 instructions,
-// which the tests run on any CPU. Layout and arithmetic: see lowbit.cpp.
+// One instruction set's copy of the low-bit tile kernels, compiled per copy by isa_copies.h (lowbit.cpp asks for
+// avx2, wide_on_avx2 and avx512): ISA_LANES fp32 lanes per vector (8 or 16), AVX-512 instructions where ISA_LEVEL
+// is 2. The code is written once in GCC's vector extensions, so the 16-lane copy that AVX-512 CPUs run is the same
+// source as a 16-lane copy built from AVX2 instructions, which the tests run on any CPU. Layout and arithmetic: see
+// lowbit.cpp.
 //
 // Contraction is on here (a * b + c is one FMA): the kernels' sums are allowed to round differently from the
 // reference's; the exactness argument is in lowbit.cpp.
 #pragma GCC optimize("fp-contract=fast")
 
-typedef float vf __attribute__((vector_size(LANES * 4)));
-typedef int32_t vi __attribute__((vector_size(LANES * 4)));
-typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
-constexpr int kVectors = kTile / LANES;  // vectors per 16-row tile
+typedef float vf __attribute__((vector_size(ISA_LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(ISA_LANES * 4)));
+typedef uint32_t vu __attribute__((vector_size(ISA_LANES * 4)));
+constexpr int kVectors = kTile / ISA_LANES;  // vectors per 16-row tile
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 ALWAYS_INLINE vf load_floats(const float* p) {
@@ -26,26 +26,26 @@ ALWAYS_INLINE vu load_words(const uint8_t* p) {
   return v;
 }
 
-// LANES fp16 values as fp32 (exact).
+// ISA_LANES fp16 values as fp32 (exact).
 ALWAYS_INLINE vf load_halves(const uint8_t* p) {
-#if LOWBIT_AVX512
+#if ISA_LEVEL >= 2
   return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
 #else
-  __m256 parts[LANES / 8];
-  for (int i = 0; i < LANES / 8; ++i) parts[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * i)));
+  __m256 parts[ISA_LANES / 8];
+  for (int i = 0; i < ISA_LANES / 8; ++i) parts[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16 * i)));
   vf v;
   std::memcpy(&v, parts, sizeof v);
   return v;
 #endif
 }
 
-// LANES bf16 values as fp32 (exact: a bf16 is the top half of an fp32).
+// ISA_LANES bf16 values as fp32 (exact: a bf16 is the top half of an fp32).
 ALWAYS_INLINE vf load_bf16(const uint8_t* p) {
-#if LOWBIT_AVX512
+#if ISA_LEVEL >= 2
   return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
 #else
-  __m256i parts[LANES / 8];
-  for (int i = 0; i < LANES / 8; ++i)
+  __m256i parts[ISA_LANES / 8];
+  for (int i = 0; i < ISA_LANES / 8; ++i)
     parts[i] = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 16 * i))), 16);
   vf v;
   std::memcpy(&v, parts, sizeof v);
@@ -53,7 +53,7 @@ ALWAYS_INLINE vf load_bf16(const uint8_t* p) {
 #endif
 }
 
-// LANES weights of a dense tile (`WEIGHTS`: F32_TILE, F16 or BF16) as fp32.
+// ISA_LANES weights of a dense tile (`WEIGHTS`: F32_TILE, F16 or BF16) as fp32.
 template <int WEIGHTS>
 ALWAYS_INLINE vf load_weights(const uint8_t* p) {
   if constexpr (WEIGHTS == F16) return load_halves(p);
@@ -61,23 +61,23 @@ ALWAYS_INLINE vf load_weights(const uint8_t* p) {
   return load_floats((const float*)p);
 }
 
-// LANES scales of a plain record's header (`which`: 0 d, 1 m), as fp32 (fp16 converted: exact).
+// ISA_LANES scales of a plain record's header (`which`: 0 d, 1 m), as fp32 (fp16 converted: exact).
 template <int FORMAT>
 ALWAYS_INLINE vf load_scales(const uint8_t* rec, int h, int which) {
-  return load_halves(rec + (which * kTile + h * LANES) * 2);
+  return load_halves(rec + (which * kTile + h * ISA_LANES) * 2);
 }
 
-// LANES bytes as fp32 (exact), unsigned or signed (a widening load and a conversion: GCC's vector conversion
+// ISA_LANES bytes as fp32 (exact), unsigned or signed (a widening load and a conversion: GCC's vector conversion
 // from bytes took element by element).
 template <typename Byte>
 ALWAYS_INLINE vf load_bytes(const uint8_t* p) {
   constexpr bool is_signed = std::is_signed<Byte>::value;
-#if LOWBIT_AVX512
+#if ISA_LEVEL >= 2
   const __m128i bytes = _mm_loadu_si128((const __m128i*)p);
   return (vf)_mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
 #else
-  __m256 parts[LANES / 8];
-  for (int i = 0; i < LANES / 8; ++i) {
+  __m256 parts[ISA_LANES / 8];
+  for (int i = 0; i < ISA_LANES / 8; ++i) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i*)(p + 8 * i));
     parts[i] = _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
   }
@@ -96,7 +96,7 @@ ALWAYS_INLINE const uint8_t* block_words(const uint8_t* tile, int64_t b) {
   return tile + b * record_bytes(FORMAT) + header_bytes(FORMAT);
 }
 
-// LANES rows' scales of block b (`which`: 0 d of sub-block `sub`, 1 m), as fp32. K-quants: the super-block's d
+// ISA_LANES rows' scales of block b (`which`: 0 d of sub-block `sub`, 1 m), as fp32. K-quants: the super-block's d
 // (dmin) times the block's integer scale (min), exact in fp32; m = -(dmin * min), as gguf-py subtracts it.
 template <int FORMAT>
 ALWAYS_INLINE vf block_scales(const uint8_t* tile, int64_t b, int h, int which, int sub) {
@@ -107,10 +107,10 @@ ALWAYS_INLINE vf block_scales(const uint8_t* tile, int64_t b, int h, int which, 
     const uint8_t* ints = super + (has_min(FORMAT) ? 2 : 1) * kTile * 2;
     const int64_t j = b % kSuper;
     if constexpr (FORMAT == Q6_K) {
-      return load_halves(super + h * LANES * 2) * load_bytes<int8_t>(ints + (2 * j + sub) * kTile + h * LANES);
+      return load_halves(super + h * ISA_LANES * 2) * load_bytes<int8_t>(ints + (2 * j + sub) * kTile + h * ISA_LANES);
     } else {
-      const vf k = load_bytes<uint8_t>(ints + (which * kSuper + j) * kTile + h * LANES);
-      const vf scaled = load_halves(super + (which * kTile + h * LANES) * 2) * k;
+      const vf k = load_bytes<uint8_t>(ints + (which * kSuper + j) * kTile + h * ISA_LANES);
+      const vf scaled = load_halves(super + (which * kTile + h * ISA_LANES) * 2) * k;
       return which ? -scaled : scaled;
     }
   }
@@ -169,7 +169,7 @@ void tile(const float* xs, int64_t ldx, const float* sums, int64_t lds, const ui
       vf acc[kVectors][MR][C] = {};
       for (int w = sub * sub_words; w < (sub + 1) * sub_words; ++w) {
         vu word[kVectors];
-        for (int h = 0; h < kVectors; ++h) word[h] = load_words(words + (w * kTile + h * LANES) * 4);
+        for (int h = 0; h < kVectors; ++h) word[h] = load_words(words + (w * kTile + h * ISA_LANES) * 4);
         word_products<FORMAT>(word, xs + b * kBlock + w * per_word, ldx, acc, std::make_integer_sequence<int, per_word>());
       }
       for (int h = 0; h < kVectors; ++h) {
@@ -177,9 +177,9 @@ void tile(const float* xs, int64_t ldx, const float* sums, int64_t lds, const ui
         for (int r = 0; r < MR; ++r) {
           vf s = acc[h][r][0];
           for (int c = 1; c < C; ++c) s += acc[h][r][c];
-          vf t = load_floats(total[r] + h * LANES) + d * s;
+          vf t = load_floats(total[r] + h * ISA_LANES) + d * s;
           if constexpr (has_min(FORMAT)) t += block_scales<FORMAT>(tile, b, h, 1, 0) * sums[r * lds + b];
-          std::memcpy(total[r] + h * LANES, &t, sizeof t);
+          std::memcpy(total[r] + h * ISA_LANES, &t, sizeof t);
         }
       }
     }
@@ -210,8 +210,8 @@ void dequant(const uint8_t* tile, int64_t blocks, float* w) {
       for (int sub = 0; sub < sub_blocks(FORMAT); ++sub) {
         const vf d = block_scales<FORMAT>(tile, b, h, 0, sub);
         for (int word = sub * sub_words; word < (sub + 1) * sub_words; ++word)
-          dequant_word<FORMAT>(load_words(words + (word * kTile + h * LANES) * 4), d, m,
-                               w + (b * kBlock + word * per_word) * kTile + h * LANES,
+          dequant_word<FORMAT>(load_words(words + (word * kTile + h * ISA_LANES) * 4), d, m,
+                               w + (b * kBlock + word * per_word) * kTile + h * ISA_LANES,
                                std::make_integer_sequence<int, per_word>());
       }
     }
@@ -228,7 +228,7 @@ void dense(const float* x, int64_t ldx, const uint8_t* w, int64_t in_features, f
     vf acc[MR][kVectors] = {};
     for (int64_t k = k0; k < k0 + kBlock; ++k) {
       vf wk[kVectors];
-      for (int h = 0; h < kVectors; ++h) wk[h] = load_weights<WEIGHTS>(w + (k * kTile + h * LANES) * weight_bytes(WEIGHTS));
+      for (int h = 0; h < kVectors; ++h) wk[h] = load_weights<WEIGHTS>(w + (k * kTile + h * ISA_LANES) * weight_bytes(WEIGHTS));
       for (int r = 0; r < MR; ++r) {
         const float xr = x[r * ldx + k];
         for (int h = 0; h < kVectors; ++h) acc[r][h] += wk[h] * xr;
@@ -236,8 +236,8 @@ void dense(const float* x, int64_t ldx, const uint8_t* w, int64_t in_features, f
     }
     for (int r = 0; r < MR; ++r)
       for (int h = 0; h < kVectors; ++h) {
-        const vf t = load_floats(total[r] + h * LANES) + acc[r][h];
-        std::memcpy(total[r] + h * LANES, &t, sizeof t);
+        const vf t = load_floats(total[r] + h * ISA_LANES) + acc[r][h];
+        std::memcpy(total[r] + h * ISA_LANES, &t, sizeof t);
       }
   }
   for (int r = 0; r < MR; ++r) std::memcpy(out + r * ldo, total[r], valid * sizeof(float));
