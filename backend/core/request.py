@@ -1,16 +1,15 @@
-"""Requests, their sequences (one per parallel sample) and what the engine emits for them."""
+"""The engine's state of a request, its sequences (one per parallel sample) and what the engine emits for them."""
 
 from __future__ import annotations
 
 import enum
 import itertools
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
+from backend.core.client_request import ClientRequest
 from backend.core.detokenizer import IncrementalDetokenizer
 from backend.model.lora import LoraAdapter
 from backend.protocol.sampling_params import SamplingParams
@@ -30,7 +29,6 @@ class SequenceStatus(enum.Enum):
 
 
 _seq_ids = itertools.count()
-_request_keys = itertools.count(1)
 
 
 class Sequence:
@@ -164,14 +162,6 @@ class RequestOutput:
         )
 
 
-def _ignore_output(output: RequestOutput) -> None:
-    pass
-
-
-def _never_cancelled() -> bool:
-    return False
-
-
 @dataclass
 class RequestStats:
     """What one request cost and when (TensorRT-LLM's perf outputs): wall-clock times in ns since the epoch,
@@ -206,51 +196,46 @@ class RequestStats:
         }
 
 
-@dataclass
+def _asked(name: str) -> property:
+    """A field of what the client asked (`Request.client`), read through."""
+    return property(lambda self: getattr(self.client, name), doc=f"`ClientRequest.{name}`")
+
+
 class Request:
-    """A client request: a prompt, its parameters, and where its outputs go."""
+    """The engine's own state of one request, kept on the engine thread from admission (`LLMEngine.add_request`)
+    until its final output: its sequences, its prompt outputs, its statistics. What the client asked is `client`,
+    read-only; where the outputs go is the output sender's (`output_sender.Transport`), not the engine's."""
 
-    request_id: str
-    prompt: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    stream: bool = False
-    on_output: Callable[[RequestOutput], None] = _ignore_output
-    is_cancelled: Callable[[], bool] = _never_cancelled
-    arrival_time: float = field(default_factory=time.perf_counter)
-    base_seed: int = 0  # seeds the samples' generators when params.seed is None
-    sequences: list[Sequence] = field(default_factory=list)
-    error: str | None = None
-    cancelled: bool = False  # the client cancelled: set by whoever watches it, read by the engine each step
-    grammar: Future | None = None  # its output constraint, compiling off the engine thread (structured_output.py)
-    tracks_cumulative_logprob: bool = False  # sum each sample's logprobs even without params.logprobs
-    # params.prompt_logprobs: an entry per prompt token, None for the first (nothing predicts it); filled as
-    # prefill chunks are computed (such a request bypasses the prefix cache: cached blocks have no logits)
-    prompt_logprobs: list[dict | None] | None = None
-    # params.context_logits: the logits of every prompt position, in chunks of rows [positions, V], filled the same
-    # way (the last position's row is the one the first token is sampled from)
-    context_logits: list[torch.Tensor] | None = None
-    prompt_outputs_sent: bool = False  # prompt_logprobs and context_logits went out
-    stats: RequestStats = field(default_factory=RequestStats)
-    # prompt tokens whose KV came from the prefix cache (its full cached blocks x block size) at the request's
-    # first admission; None until then. A preempted sequence readmitted later does not change it.
-    num_cached_tokens: int | None = None
-    lora_name: str | None = None  # the LoRA adapter it asks for (None: the base model)
-    adapter: LoraAdapter | None = None  # that adapter, held from admission until the request finishes
-    key: int = field(default_factory=lambda: next(_request_keys))  # unique in this process, unlike request_id
+    request_id = _asked("request_id")
+    prompt = _asked("prompt")
+    prompt_token_ids = _asked("prompt_token_ids")
+    params = _asked("params")
+    stream = _asked("stream")
+    grammar = _asked("grammar")
+    tracks_cumulative_logprob = _asked("tracks_cumulative_logprob")
+    lora_name = _asked("lora_name")
+    arrival_time = _asked("arrival_time")
+    key = _asked("key")
 
-    def __post_init__(self):
-        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
-            self.prompt_logprobs = [None]
-        if self.params.context_logits and self.context_logits is None:
-            self.context_logits = []
+    def __init__(self, client: ClientRequest):
+        self.client = client
+        self.sequences: list[Sequence] = []
+        self.error: str | None = None
+        # params.prompt_logprobs: an entry per prompt token, None for the first (nothing predicts it); filled as
+        # prefill chunks are computed (such a request bypasses the prefix cache: cached blocks have no logits)
+        self.prompt_logprobs: list[dict | None] | None = None if client.params.prompt_logprobs is None else [None]
+        # params.context_logits: the logits of every prompt position, in chunks of rows [positions, V], filled the
+        # same way (the last position's row is the one the first token is sampled from)
+        self.context_logits: list[torch.Tensor] | None = [] if client.params.context_logits else None
+        self.prompt_outputs_sent = False  # prompt_logprobs and context_logits went out
+        self.stats = RequestStats(arrival_ns=client.arrival_ns)
+        # prompt tokens whose KV came from the prefix cache (its full cached blocks x block size) at the request's
+        # first admission; None until then. A preempted sequence readmitted later does not change it.
+        self.num_cached_tokens: int | None = None
+        self.adapter: LoraAdapter | None = None  # its LoRA adapter, held from admission until the request finishes
 
-    def release_transport(self) -> None:
-        """Drop the callbacks once the final output is sent. They hold the transport's handles (a Triton
-        response sender), which must not wait for the cycle collector (a Request and its Sequences refer to
-        each other): Triton cannot unload a model while a response sender of one of its requests is alive."""
-        self.on_output = _ignore_output
-        self.is_cancelled = _never_cancelled
+    def seed_for(self, sample_index: int) -> int:
+        return self.client.seed_for(sample_index)
 
     @property
     def computing_prompt_logprobs(self) -> bool:
@@ -269,11 +254,6 @@ class Request:
         """Its prompt's positions need their logits (prompt_logprobs, context_logits): computed in full, never
         served from the prefix cache (cached blocks have no logits)."""
         return self.computing_prompt_logprobs or self.computing_context_logits
-
-    def seed_for(self, sample_index: int) -> int:
-        """Each sample draws from its own generator; a seeded request reproduces whatever the batch."""
-        seed = self.params.seed if self.params.seed is not None else self.base_seed
-        return (seed + sample_index * 0x9E3779B97F4A7C15) % (1 << 63)
 
     @property
     def finished(self) -> bool:

@@ -9,12 +9,14 @@ import dataclasses
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 from transformers import AutoTokenizer
 
 from backend.core.block_manager import BlockManager
+from backend.core.client_request import ClientRequest
 from backend.core.config import ConfigError, EngineConfig
 from backend.core.detokenizer import IncrementalDetokenizer
 from backend.core.fault_injection import FaultInjector
@@ -108,6 +110,7 @@ class LLMEngine:
         if proposer is not None:
             self.spec = SpeculativeDecoder(config, proposer, self.sampler, self.metrics, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        self._aborting: set[int] = set()  # keys of requests to abort at the top of the next step (`abort_requests`)
         self.num_steps = 0
         self.watchers = StepWatchers()  # live viewers of the batch (step_records.py)
         self.num_lookahead_tokens = config.num_speculative_tokens if config.speculative else 0
@@ -141,10 +144,10 @@ class LLMEngine:
         lora_name: str | None = None,
         lora_task_id: int = 0,
         **kwargs,
-    ) -> Request:
+    ) -> ClientRequest:
         """Tokenize (or, for token ids, check and decode) and check a request against the model, the pool and the
         loaded LoRA adapters (named, or by TensorRT-LLM's task id); raises InvalidRequest. Thread-safe with respect
-        to the engine thread (it uses its own tokenizer)."""
+        to the engine thread (it uses its own tokenizer); the record it returns is not changed after."""
         if lora_task_id and lora_name is None:
             lora_name = self.adapters.name_of_task(lora_task_id)
         if lora_name is not None:
@@ -186,7 +189,7 @@ class LLMEngine:
         params = self._tokenize_words(params)
         base_seed = int(self._seed_source.integers(0, 2**62))
         grammar = self.structured.compile(params.guided_decoding)  # starts now, on the compiler's threads
-        return Request(
+        return ClientRequest(
             request_id, prompt, token_ids, params, base_seed=base_seed, grammar=grammar, lora_name=lora_name, **kwargs
         )
 
@@ -245,9 +248,11 @@ class LLMEngine:
             raise InvalidRequest(f"input_ids must be token ids from 0 to {self.vocab_size - 1}, got {bad[:8]}")
         return list(token_ids)
 
-    def add_request(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            raise InvalidRequest(f"request id {request.request_id!r} is already in flight")
+    def add_request(self, client: ClientRequest) -> Request:
+        """Admit what a client asked: the engine's own state of it (its sequences) starts here."""
+        if client.request_id in self.requests:
+            raise InvalidRequest(f"request id {client.request_id!r} is already in flight")
+        request = Request(client)
         if request.lora_name is not None:  # unloaded since build_request checked it: refused here
             request.adapter = self.adapters.acquire(request.lora_name)
         params = request.params
@@ -268,6 +273,7 @@ class LLMEngine:
         self.requests[request.request_id] = request
         self.scheduler.add(request.sequences[0], parallel=request.sequences[1:])
         self.metrics.inc("llm_prompt_tokens_total", len(request.prompt_token_ids))
+        return request
 
     def has_work(self) -> bool:
         return bool(self.requests)
@@ -278,6 +284,12 @@ class LLMEngine:
             return None
         self._abort(request)
         return self._collect(request)
+
+    def abort_requests(self, keys: Iterable[int]) -> None:
+        """Abort these requests (by `ClientRequest.key`) at the top of the next step: their blocks freed, a final
+        "abort" output each. A key not in flight is ignored. Engine thread only: other threads send the engine
+        loop a message (`EngineLoop.abort_requests`)."""
+        self._aborting.update(keys)
 
     def _abort(self, request: Request, error: str | None = None) -> None:
         request.error = request.error or error
@@ -294,9 +306,10 @@ class LLMEngine:
         self.structured.prepare(self.requests.values())  # matchers for compiled grammars; errors for bad ones
         self.faults.before_step(r.prompt for r in self.requests.values())
         for request in list(self.requests.values()):
-            if request.cancelled or request.error:  # cancelled: set by whoever watches the client (OutputSender)
+            if request.key in self._aborting or request.error:
                 self._abort(request)
                 touched[request.request_id] = request
+        self._aborting.clear()
         speculate = self.spec is not None and self.spec.active(len(self.scheduler.running))
         sched = self.scheduler.schedule(self.spec.num_draft_tokens if speculate else lambda seq: 0)
         if sched.preempted:

@@ -1,19 +1,20 @@
-"""Runs the engine on its own thread: requests come in from any thread; outputs go out through each
-request's `on_output` callback from the output sender's thread (`output_sender.py`), which also watches
-each request's `is_cancelled`, so the engine thread never waits on a client."""
+"""Runs the engine on its own thread: requests and aborts come in from any thread as messages the loop takes at
+the top of each step; outputs go out through each request's transport from the output sender's thread
+(`output_sender.py`), which also watches each client for cancellation, so the engine thread never waits on one."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from backend.core.client_request import ClientRequest
 from backend.core.config import EngineConfig
 from backend.core.named_thread import NamedThread
-from backend.core.request import Request, RequestOutput
+from backend.core.request import RequestOutput
 from backend.engine.llm_engine import LLMEngine
-from backend.engine.output_sender import OutputSender
+from backend.engine.output_sender import OutputSender, Transport
 from backend.protocol.wire import INTERNAL, SERVER_BUSY, UNAVAILABLE, ErrorText
 
 log = logging.getLogger(__name__)
@@ -67,12 +68,13 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, on_death: Callable[[ErrorText], None] | None = None):
         self.engine = engine
         self.on_death = on_death
-        self._incoming: deque[Request] = deque()
+        self._incoming: deque[ClientRequest] = deque()
+        self._aborts: deque[int] = deque()  # keys of requests to abort, taken after the requests that came before
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._stopping = threading.Event()
         self._thread = NamedThread(self._run, "llm-engine")
-        self.sender = OutputSender()
+        self.sender = OutputSender(on_cancel=self.abort_requests)
         self.failure: ErrorText | None = None  # why the engine thread died, once it has
 
     def start(self) -> EngineLoop:
@@ -83,9 +85,9 @@ class EngineLoop:
     def num_waiting(self) -> int:
         return len(self._incoming) + len(self.engine.scheduler.waiting)
 
-    def submit(self, request: Request) -> None:
-        """Queue a request for the next step; raises ServerBusy past `max_queue_size` waiting requests and
-        EngineStopped once the engine thread is gone."""
+    def submit(self, request: ClientRequest, transport: Transport) -> None:
+        """Queue a request for the next step, its outputs to go through `transport`; raises ServerBusy past
+        `max_queue_size` waiting requests and EngineStopped once the engine thread is gone."""
         limit = self.engine.config.max_queue_size
         with self._lock:
             if self.failure is not None:
@@ -100,7 +102,14 @@ class EngineLoop:
                     "retry later"
                 )
             self._incoming.append(request)
-            self.sender.track(request)
+            self.sender.track(request.key, request.request_id, transport)
+        self._wakeup.set()
+
+    def abort_requests(self, keys: Iterable[int]) -> None:
+        """Abort these requests (by `ClientRequest.key`) at the engine's next step, from any thread: a message to
+        the engine thread, which alone changes the engine's state."""
+        with self._lock:
+            self._aborts.extend(keys)
         self._wakeup.set()
 
     def _run(self) -> None:
@@ -132,12 +141,19 @@ class EngineLoop:
                 self.sender.put(output)
 
     def _admit(self) -> None:
+        """Take the messages in: new requests first, then the aborts, which name only requests submitted before
+        them (so none is lost to a request not yet admitted)."""
+        with self._lock:
+            aborts = list(self._aborts)
+            self._aborts.clear()
         while self._incoming:
             request = self._incoming.popleft()
             try:
                 self.engine.add_request(request)
             except Exception as exc:  # e.g. a duplicate id: answer this request only
                 self.sender.put(_error_output(request, ErrorText(str(exc), getattr(exc, "kind", INTERNAL))))
+        if aborts:
+            self.engine.abort_requests(aborts)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop the loop, then answer every request still in flight with an error."""
@@ -166,5 +182,5 @@ class EngineLoop:
             self.sender.put(output)
 
 
-def _error_output(request: Request, error: str) -> RequestOutput:
+def _error_output(request: ClientRequest, error: str) -> RequestOutput:
     return RequestOutput(request.request_id, [], len(request.prompt_token_ids), True, error, request.key)

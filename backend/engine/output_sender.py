@@ -8,8 +8,11 @@ flight whether their client has cancelled (as TensorRT-LLM's model does): one ro
 100 ms rather than one per response, and at most `checks_per_sweep` (8) a sweep, so that many streams do not
 make the checks outnumber the responses (at 32 streams a check of each every 100 ms was 320 round trips a
 second against about 200 responses, measured: docs/benchmarks.md); beyond 8 in flight each request is asked
-every ceil(n / 8) x 100 ms (400 ms at 32). A cancellation becomes `request.cancelled`, which the engine reads
-at its next step.
+every ceil(n / 8) x 100 ms (400 ms at 32).
+
+The transport's handles of each request in flight (its `Transport`) are this thread's alone, keyed by the request's
+key: the engine never holds them. A cancelled client, or one whose delivery raised, becomes a message to the engine
+loop (`on_cancel`, the loop's `abort_requests`), which aborts the request at its next step.
 """
 
 from __future__ import annotations
@@ -18,32 +21,64 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from backend.core.named_thread import NamedThread
-from backend.core.request import Request, RequestOutput
+from backend.core.request import RequestOutput
 
 log = logging.getLogger(__name__)
 
 
+def _never_cancelled() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Where one request's outputs go and how to ask whether its client is gone: a transport's handles (a Triton
+    response sender's `send` and `is_cancelled`). Dropped once the final output is sent: Triton cannot unload a
+    model while a response sender of one of its requests is alive."""
+
+    send: Callable[[RequestOutput], None]
+    is_cancelled: Callable[[], bool] = _never_cancelled
+
+
+@dataclass
+class _InFlight:
+    request_id: str  # for the log: ids need not be unique, keys are
+    transport: Transport
+    cancelled: bool = False  # told to `on_cancel`: not asked again
+    failed: bool = False  # a delivery raised: nothing more is sent to it
+
+
 class OutputSender:
-    def __init__(self, sweep_interval_s: float = 0.1, checks_per_sweep: int = 8):
+    """`on_cancel(keys)` is called from this thread with the keys of requests whose client cancelled or whose
+    delivery failed."""
+
+    def __init__(
+        self,
+        on_cancel: Callable[[Iterable[int]], None] = lambda keys: None,
+        sweep_interval_s: float = 0.1,
+        checks_per_sweep: int = 8,
+    ):
+        self.on_cancel = on_cancel
         self.sweep_interval_s = sweep_interval_s
         self.checks_per_sweep = checks_per_sweep
-        self._asked: dict[int, float] = {}  # Request.key -> when the sweep last asked it
+        self._asked: dict[int, float] = {}  # key -> when the sweep last asked it
         self._queue: deque[RequestOutput] = deque()
-        self._in_flight: dict[int, Request] = {}  # by Request.key: request ids need not be unique
+        self._in_flight: dict[int, _InFlight] = {}  # by ClientRequest.key: request ids need not be unique
         self._last_sweep = time.monotonic()
-        self._failed: set[int] = set()  # requests whose delivery raised: nothing more is sent to them
         self._ready = threading.Condition()
         self._closing = False
         self._thread = NamedThread(self._run, "llm-output-sender", service=True)
         self._thread.start()
 
-    def track(self, request: Request) -> None:
-        """Deliver `request`'s outputs (they name it by its key) and watch it for cancellation until its final
-        output is sent; before its first output is put."""
+    def track(self, key: int, request_id: str, transport: Transport) -> None:
+        """Deliver the outputs of the request `key` (they name it by it) through `transport` and watch it for
+        cancellation until its final output is sent; before its first output is put."""
         with self._ready:
-            self._in_flight[request.key] = request
+            self._in_flight[key] = _InFlight(request_id, transport)
 
     def put(self, output: RequestOutput) -> None:
         with self._ready:
@@ -78,19 +113,17 @@ class OutputSender:
         if request is None:
             log.error("an output for request %s, which is not tracked, was dropped", output.request_id)
             return
-        if key not in self._failed:
+        if not request.failed:
             try:
-                request.on_output(output)
+                request.transport.send(output)
             except Exception:
                 log.exception("sending a response for request %s failed; cancelling it", output.request_id)
-                self._failed.add(key)
-                request.cancelled = True
+                request.failed = True
+                self._cancel([key])
         if output.finished:
             with self._ready:
                 self._in_flight.pop(key, None)
-            self._failed.discard(key)
             self._asked.pop(key, None)
-            request.release_transport()
 
     def _sweep(self) -> None:
         """Ask up to `checks_per_sweep` requests, the ones asked longest ago first: each request every
@@ -100,14 +133,25 @@ class OutputSender:
             return
         self._last_sweep = now
         with self._ready:
-            watched = [r for r in self._in_flight.values() if not r.cancelled]
-        watched.sort(key=lambda r: self._asked.get(r.key, 0.0))
-        for request in watched[: self.checks_per_sweep]:
-            self._asked[request.key] = now
+            watched = [(key, r) for key, r in self._in_flight.items() if not r.cancelled]
+        watched.sort(key=lambda item: self._asked.get(item[0], 0.0))
+        cancelled = []
+        for key, request in watched[: self.checks_per_sweep]:
+            self._asked[key] = now
             try:
-                request.cancelled = request.is_cancelled()
+                if request.transport.is_cancelled():
+                    cancelled.append(key)
             except Exception:
                 log.exception("checking request %s for cancellation failed", request.request_id)
+        if cancelled:
+            self._cancel(cancelled)
+
+    def _cancel(self, keys: list[int]) -> None:
+        """Tell the engine loop to abort these requests; they are not asked again."""
+        with self._ready:
+            for key in keys:
+                self._in_flight[key].cancelled = True
+        self.on_cancel(keys)
 
 
 def merge_outputs(outputs: list[RequestOutput]) -> list[RequestOutput]:

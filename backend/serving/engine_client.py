@@ -14,10 +14,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from backend.core.client_request import ClientRequest
 from backend.core.config import EngineConfig
 from backend.core.metrics import PeriodicPublisher
-from backend.core.request import Request, RequestOutput
 from backend.engine.loop import EngineLoop, load_engine
+from backend.engine.output_sender import Transport
 from backend.serving import lora_admin
 from backend.serving.batch_view import WatchStream, engine_summary
 from backend.serving.request_inputs import ParsedRequest, parse_request
@@ -39,29 +40,22 @@ class EngineClient:
         """A request's inputs as one validated request; raises InvalidRequest."""
         return parse_request(tensors, parameters_json, self._engine.config.max_n, self._engine.max_model_len)
 
-    def build_request(
-        self,
-        parsed: ParsedRequest,
-        on_output: Callable[[RequestOutput], None],
-        is_cancelled: Callable[[], bool],
-    ) -> Request:
+    def build_request(self, parsed: ParsedRequest) -> ClientRequest:
         """Tokenize and check `parsed` against the model, the pool and the adapters; raises InvalidRequest."""
-        request = self._engine.build_request(
+        return self._engine.build_request(
             uuid.uuid4().hex,
             parsed.prompt,
             parsed.params,
             parsed.lora_name,
             parsed.lora_task_id,
             stream=parsed.stream,
-            on_output=on_output,
-            is_cancelled=is_cancelled,
+            tracks_cumulative_logprob="cumulative_logprob" in parsed.outputs,
         )
-        request.tracks_cumulative_logprob = "cumulative_logprob" in parsed.outputs
-        return request
 
-    def submit(self, request: Request) -> None:
-        """Queue it for the engine thread; raises ServerBusy or EngineStopped."""
-        self._loop.submit(request)
+    def submit(self, request: ClientRequest, transport: Transport) -> None:
+        """Queue it for the engine thread, its outputs to go through `transport`; raises ServerBusy or
+        EngineStopped."""
+        self._loop.submit(request, transport)
 
     def publish_metrics(self) -> None:
         """Everything the engine has counted, published now (from the calling thread)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from backend.core.block_manager import BlockManager
+from backend.core.client_request import ClientRequest
 from backend.core.request import Request, Sequence
 from backend.core.runner_output import ModelRunnerOutput
 from backend.core.scheduler import Scheduler
@@ -16,7 +17,7 @@ SIZE = 4
 
 
 def new_seq(tokens, request_id="r") -> Sequence:
-    request = Request(request_id, "", list(tokens), SamplingParams())
+    request = Request(ClientRequest(request_id, "", list(tokens), SamplingParams()))
     seq = Sequence(request, 0, detokenizer=None)
     request.sequences = [seq]
     return seq

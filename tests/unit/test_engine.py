@@ -353,15 +353,15 @@ def test_request_stats_time_the_request_and_count_its_blocks(make_engine):
     the prefix cache's blocks counted as reused when the same prompt comes again, speculation's tokens counted."""
     engine = make_engine(draft_model="self", draft_dtype="float32", num_speculative_tokens=3)
     prompt = PROMPTS[3] + " a b c a b c a b c a b c"
-    first = engine.build_request("s1", prompt, greedy(8))
-    run(engine, [first])
+    first = engine.add_request(engine.build_request("s1", prompt, greedy(8)))  # the engine's state of it
+    run(engine, [])
     stats = first.stats
     assert stats.arrival_ns <= stats.first_scheduled_ns <= stats.first_token_ns <= stats.last_token_ns
     blocks = -(-(len(first.prompt_token_ids) + 8) // 4)
     assert stats.blocks_reused == 0 and blocks - 1 <= stats.blocks_total <= blocks + 1
     assert stats.draft_tokens > 0 and 0 <= stats.accepted_tokens <= stats.draft_tokens
-    again = engine.build_request("s2", prompt, greedy(8))
-    run(engine, [again])
+    again = engine.add_request(engine.build_request("s2", prompt, greedy(8)))
+    run(engine, [])
     assert again.stats.blocks_reused == len(first.prompt_token_ids) // 4 - (len(first.prompt_token_ids) % 4 == 0)
     perf = again.stats.as_dict()
     assert perf["kv_cache_alloc_new_blocks"] == perf["kv_cache_alloc_total_blocks"] - perf["kv_cache_reused_blocks"]
@@ -383,8 +383,8 @@ def test_a_self_draft_in_the_targets_dtype_shares_its_weights(make_engine):
     assert draft.fused is target.fused and draft.kv_cache.data_ptr() != target.kv_cache.data_ptr()
     assert draft.kv_cache.shape == target.kv_cache.shape
     prompt = PROMPTS[3] + " a b c a b c a b c"
-    request = shared.build_request("shared", prompt, greedy(8))
-    run(shared, [request])
+    request = shared.add_request(shared.build_request("shared", prompt, greedy(8)))
+    run(shared, [])
     assert request.stats.accepted_tokens > 0
     check_pool_empty(shared)
     own = make_engine(draft_model="self", draft_dtype="bfloat16", num_speculative_tokens=2).spec.proposer.runner

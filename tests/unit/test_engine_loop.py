@@ -1,5 +1,6 @@
-"""backend/engine/loop.py: the engine on its own thread: outputs through on_output from the engine thread,
-ServerBusy past max_queue_size, per-request errors, failing callbacks, and shutdown."""
+"""backend/engine/loop.py: the engine on its own thread: outputs through each request's transport from the output
+sender's thread, ServerBusy past max_queue_size, per-request errors, failing callbacks, cancellation as a message to
+the loop, and shutdown."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from backend import EngineConfig, EngineLoop, EngineStopped, LLMEngine, SamplingParams, ServerBusy
 from backend.core.request import FinishReason
+from backend.engine.output_sender import Transport
 
 WAIT_S = 60
 
@@ -44,7 +46,7 @@ def loop(engine):
 
 
 class Collector:
-    """An on_output callback that records outputs, the threads they came from, and signals the final one."""
+    """A transport's send that records outputs, the threads they came from, and signals the final one."""
 
     def __init__(self):
         self.outputs = []
@@ -96,10 +98,8 @@ def test_outputs_arrive_from_the_output_sender_thread(engine, loop):
     for i, prompt in enumerate(["Hello there", "A much longer prompt about many things", "x"]):
         collectors[i] = Collector()
         stream = i == 0
-        request = engine.build_request(
-            f"t{i}", prompt, SamplingParams(temperature=0.0, max_tokens=6), stream=stream, on_output=collectors[i]
-        )
-        running.submit(request)
+        request = engine.build_request(f"t{i}", prompt, SamplingParams(temperature=0.0, max_tokens=6), stream=stream)
+        running.submit(request, Transport(collectors[i]))
     for c in collectors.values():
         final = c.wait()
         assert final.finished and final.error is None
@@ -129,10 +129,9 @@ def test_a_slow_client_gets_its_waiting_deltas_merged(engine, loop):
         "Count",
         SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
         stream=True,
-        on_output=slow_first_delivery,
     )
     with steps_held_while(engine, lambda: engine.num_steps >= steps_at_start + 20 and len(slow.outputs) < 2):
-        running.submit(request)
+        running.submit(request, Transport(slow_first_delivery))
         final = slow.wait()
     tokens = [t for o in slow.outputs for s in o.samples for t in s.token_ids]
     assert len(tokens) == 40 and final.samples[-1].num_output_tokens == 40
@@ -149,17 +148,17 @@ def test_server_busy_past_max_queue_size(engine, loop):
     rejected_before = engine.metrics.total("llm_requests_rejected_total")
     collectors = [Collector() for _ in range(2)]
     for i, c in enumerate(collectors):
-        idle.submit(engine.build_request(f"q{i}", "Hi", SamplingParams(max_tokens=2), on_output=c))
+        idle.submit(engine.build_request(f"q{i}", "Hi", SamplingParams(max_tokens=2)), Transport(c))
     assert idle.num_waiting == 2
     with pytest.raises(ServerBusy, match="max_queue_size=2"):
-        idle.submit(engine.build_request("q2", "Hi", SamplingParams(max_tokens=2), on_output=Collector()))
+        idle.submit(engine.build_request("q2", "Hi", SamplingParams(max_tokens=2)), Transport(Collector()))
     assert engine.metrics.total("llm_requests_rejected_total") == rejected_before + 1
     idle.start()  # the queued requests are served
     for c in collectors:
         assert c.wait().error is None
     # and the queue has room again
     late = Collector()
-    idle.submit(engine.build_request("q3", "Hi", SamplingParams(max_tokens=2), on_output=late))
+    idle.submit(engine.build_request("q3", "Hi", SamplingParams(max_tokens=2)), Transport(late))
     assert late.wait().finished
 
 
@@ -168,7 +167,7 @@ def test_zero_max_queue_size_means_unbounded(engine, loop):
     idle = loop(start=False)
     collectors = [Collector() for _ in range(20)]
     for i, c in enumerate(collectors):
-        idle.submit(engine.build_request(f"u{i}", "Hi", SamplingParams(max_tokens=1), on_output=c))
+        idle.submit(engine.build_request(f"u{i}", "Hi", SamplingParams(max_tokens=1)), Transport(c))
     idle.start()
     assert all(c.wait().finished for c in collectors)
 
@@ -176,8 +175,8 @@ def test_zero_max_queue_size_means_unbounded(engine, loop):
 def test_duplicate_request_id_gets_an_error_output(engine, loop):
     running = loop(start=False)
     first, second = Collector(), Collector()
-    running.submit(engine.build_request("same", "Hi", SamplingParams(max_tokens=4), on_output=first))
-    running.submit(engine.build_request("same", "Hi", SamplingParams(max_tokens=4), on_output=second))
+    running.submit(engine.build_request("same", "Hi", SamplingParams(max_tokens=4)), Transport(first))
+    running.submit(engine.build_request("same", "Hi", SamplingParams(max_tokens=4)), Transport(second))
     running.start()
     error = second.wait()
     assert error.finished and error.samples == [] and "already in flight" in error.error
@@ -199,10 +198,10 @@ def test_failing_callback_aborts_only_its_request(engine, loop):
             "Tell me a long story",
             SamplingParams(max_tokens=200, ignore_eos=True),
             stream=True,
-            on_output=broken,
-        )
+        ),
+        Transport(broken),
     )
-    running.submit(engine.build_request("good", "Hi", SamplingParams(max_tokens=5), on_output=good))
+    running.submit(engine.build_request("good", "Hi", SamplingParams(max_tokens=5)), Transport(good))
     assert good.wait().error is None
     deadline = time.monotonic() + WAIT_S
     while "broken" in engine.requests and time.monotonic() < deadline:
@@ -229,15 +228,28 @@ def test_cancelled_request_through_the_loop(engine, loop):
                 "Count to a thousand",
                 SamplingParams(max_tokens=400, ignore_eos=True),
                 stream=True,
-                on_output=c,
-                is_cancelled=is_cancelled,
-            )
+            ),
+            Transport(c, is_cancelled),
         )
         assert c.first.wait(WAIT_S)
         cancel.set()
         final = c.wait()
     assert final.samples[-1].finish_reason == FinishReason.ABORT
     assert sum(len(s.token_ids) for o in c.outputs for s in o.samples) < 400
+
+
+def test_an_abort_sent_before_its_request_is_admitted_still_aborts_it(engine, loop):
+    """Aborts are messages taken after the requests submitted before them: one that arrives while its request still
+    waits to be admitted is not lost."""
+    idle = loop(start=False)
+    c = Collector()
+    request = engine.build_request("early", "Count to a thousand", SamplingParams(max_tokens=400, ignore_eos=True))
+    idle.submit(request, Transport(c))
+    idle.abort_requests([request.key])
+    idle.start()
+    final = c.wait()
+    assert final.finished and [s.finish_reason for s in final.samples] == [FinishReason.ABORT]
+    assert final.samples[0].token_ids == []
 
 
 def test_shutdown_answers_requests_in_flight(engine, loop):
@@ -247,8 +259,9 @@ def test_shutdown_answers_requests_in_flight(engine, loop):
     with steps_held_while(engine, lambda: first.first.is_set() and not running._stopping.is_set()):
         running.submit(
             engine.build_request(
-                "long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True), stream=True, on_output=first
-            )
+                "long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True), stream=True
+            ),
+            Transport(first),
         )
         assert first.first.wait(WAIT_S)
         running.shutdown(timeout_s=WAIT_S)
@@ -258,7 +271,7 @@ def test_shutdown_answers_requests_in_flight(engine, loop):
     assert sum(len(s.token_ids) for o in first.outputs for s in o.samples) < 400
     assert not engine.requests and engine.block_manager.num_used_blocks == 0
     with pytest.raises(EngineStopped, match="shutting down"):
-        running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)))
+        running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)), Transport(Collector()))
 
 
 def _shutdown_while_first_is_sent(engine, running, first_id: str, second_id: str):
@@ -278,13 +291,12 @@ def _shutdown_while_first_is_sent(engine, running, first_id: str, second_id: str
     engine.step = held_step
     try:
         running.submit(
-            engine.build_request(
-                first_id, "Hi", SamplingParams(max_tokens=300, ignore_eos=True), stream=True, on_output=first
-            )
+            engine.build_request(first_id, "Hi", SamplingParams(max_tokens=300, ignore_eos=True), stream=True),
+            Transport(first),
         )
         assert held.wait(WAIT_S)
         second = Collector()
-        running.submit(engine.build_request(second_id, "Hi", SamplingParams(max_tokens=2), on_output=second))
+        running.submit(engine.build_request(second_id, "Hi", SamplingParams(max_tokens=2)), Transport(second))
         stopper = threading.Thread(target=running.shutdown, kwargs={"timeout_s": WAIT_S})
         stopper.start()
         deadline = time.monotonic() + WAIT_S
@@ -324,12 +336,11 @@ def test_a_dead_engine_thread_answers_every_request_at_once(tiny_llama):
     long, dying = Collector(), Collector()
     running.start()
     running.submit(
-        engine.build_request(
-            "long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True), stream=True, on_output=long
-        )
+        engine.build_request("long", "Write an essay", SamplingParams(max_tokens=400, ignore_eos=True), stream=True),
+        Transport(long),
     )
     assert long.first.wait(WAIT_S)
-    running.submit(engine.build_request("die", "DIE please", SamplingParams(max_tokens=4), on_output=dying))
+    running.submit(engine.build_request("die", "DIE please", SamplingParams(max_tokens=4)), Transport(dying))
     assert dying.wait().error.startswith("the engine stopped after an internal error (InjectedFault: injected")
     assert long.wait().error == dying.outputs[-1].error  # the request in flight is answered too
     running._thread.join(WAIT_S)
@@ -338,7 +349,7 @@ def test_a_dead_engine_thread_answers_every_request_at_once(tiny_llama):
     assert engine.block_manager.num_used_blocks == 0
     started = time.monotonic()
     with pytest.raises(EngineStopped, match="the model must be reloaded"):
-        running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)))
+        running.submit(engine.build_request("after", "Hi", SamplingParams(max_tokens=2)), Transport(Collector()))
     assert time.monotonic() - started < 1.0
     running.shutdown(timeout_s=WAIT_S)
 

@@ -14,7 +14,8 @@ from tests.unit.engine_runs import PROMPTS, check_pool_empty, final, greedy, run
 
 
 def test_cancellation_mid_generation(make_engine):
-    """A request marked cancelled (by the loop's output sender) leaves the batch at the next step."""
+    """A request aborted (the loop's message when the output sender finds its client gone) leaves the batch at the
+    next step."""
     engine = make_engine()
     request = engine.build_request(
         "cx", PROMPTS[1], SamplingParams(n=2, seed=1, max_tokens=50, ignore_eos=True), stream=True
@@ -25,7 +26,7 @@ def test_cancellation_mid_generation(make_engine):
     engine.add_request(other)
     for step in range(200):
         if step == 4:
-            request.cancelled = True
+            engine.abort_requests([request.key])
         for output in engine.step():
             seen.setdefault(output.request_id, []).append(output)
         if not engine.has_work():
@@ -43,8 +44,9 @@ def test_cancellation_mid_generation(make_engine):
 def test_cancellation_before_admission(make_engine):
     engine = make_engine()
     request = engine.build_request("early", PROMPTS[2], greedy(8, n=2))
-    request.cancelled = True
-    out = final(run(engine, [request])["early"])
+    engine.add_request(request)
+    engine.abort_requests([request.key])  # before its first step
+    out = final(run(engine, [])["early"])
     assert out.finished and [s.finish_reason for s in out.samples] == [FinishReason.ABORT] * 2
     assert all(s.token_ids == [] for s in out.samples)
     check_pool_empty(engine)

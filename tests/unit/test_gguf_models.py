@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from backend import EngineConfig, LLMEngine, SamplingParams
+from backend.core.client_request import ClientRequest
 from backend.core.config import ConfigError
-from backend.core.request import Request
 from backend.model import model_source
 from backend.model.linear import LowBitLinear
 from launcher.paths import MODEL_DIR as SMOL_DIR
@@ -42,7 +42,7 @@ def caches(tmp_path_factory):
 
 def greedy_with_logprobs(engine: LLMEngine, prompt_ids: list[int], tokens: int = NEW_TOKENS):
     params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, logprobs=fidelity.TOP_K)
-    engine.add_request(Request("r", "", prompt_ids, params))
+    engine.add_request(ClientRequest("r", "", prompt_ids, params))
     outputs = []
     while engine.has_work():
         outputs += engine.step()

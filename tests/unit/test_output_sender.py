@@ -1,22 +1,50 @@
-"""backend/engine/output_sender.py: outputs delivered off the engine thread, merged per stream, cancellation noticed
-by the periodic sweep, a failing client cut off after its first failure."""
+"""backend/engine/output_sender.py: outputs delivered off the engine thread through each request's transport, merged
+per stream, cancellation noticed by the periodic sweep and told to the engine loop, a failing client cut off after its
+first failure."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from backend.core.request import FinishReason, Request, RequestOutput, SampleOutput
+from backend.core.client_request import ClientRequest
+from backend.core.request import FinishReason, RequestOutput, SampleOutput
 from backend.engine import output_sender
-from backend.engine.output_sender import OutputSender, merge_outputs
+from backend.engine.output_sender import OutputSender, Transport, merge_outputs
 from backend.protocol.sampling_params import SamplingParams
 
 WAIT_S = 10
 SWEEP_S = 0.0625  # the sweep interval of the frozen-clock test: a binary fraction, so the clock's sums are exact
 
 
-def request(on_output=lambda o: None, is_cancelled=lambda: False, rid="r") -> Request:
-    return Request(rid, "p", [1, 2], SamplingParams(), stream=True, on_output=on_output, is_cancelled=is_cancelled)
+class Tracked:
+    """A request the sender tracks: its record, its transport, and whether the sender told the loop to abort it."""
+
+    def __init__(self, on_output, is_cancelled, rid):
+        self.client = ClientRequest(rid, "p", [1, 2], SamplingParams(), stream=True)
+        self.request_id, self.key = rid, self.client.key
+        self.transport = Transport(on_output, is_cancelled)
+
+
+def request(on_output=lambda o: None, is_cancelled=lambda: False, rid="r") -> Tracked:
+    return Tracked(on_output, is_cancelled, rid)
+
+
+class Aborts:
+    """The engine loop's side: the keys the sender asked it to abort."""
+
+    def __init__(self):
+        self.keys: list[int] = []
+
+    def __call__(self, keys):
+        self.keys += keys
+
+    def cancelled(self, req: Tracked) -> bool:
+        return req.key in self.keys
+
+
+def track(sender: OutputSender, req: Tracked) -> None:
+    sender.track(req.key, req.request_id, req.transport)
 
 
 def delta(req, text, ids, index=0, finished=False, reason=None, logprobs=None) -> RequestOutput:
@@ -60,7 +88,7 @@ def test_outputs_go_out_from_the_sender_thread():
 
     sender = OutputSender()
     req = request(record)
-    sender.track(req)
+    track(sender, req)
     sender.put(delta(req, "a", [1]))
     assert got.wait(WAIT_S)
     assert threads == {"llm-output-sender"}
@@ -87,19 +115,20 @@ def test_the_sweep_notices_cancellation_and_asks_no_more_than_once_per_interval(
         return cancelled.is_set()
 
     req = request(on_output=lambda o: delivered.extend(o.samples[0].token_ids), is_cancelled=is_cancelled)
-    sender = OutputSender(sweep_interval_s=SWEEP_S)
-    sender.track(req)
+    aborts = Aborts()
+    sender = OutputSender(aborts, sweep_interval_s=SWEEP_S)
+    track(sender, req)
     for interval in (1, 2):  # a busy stream: one check per interval, however many outputs it delivers
         clock.now = SWEEP_S * interval
         for token in range(100 * interval, 100 * interval + 10):
             sender.put(delta(req, "x", [token]))
             assert wait_until(lambda token=token: delivered and delivered[-1] == token)
         assert asked == [SWEEP_S * k for k in range(1, interval + 1)]
-    assert not req.cancelled
+    assert not aborts.cancelled(req)
     cancelled.set()
     clock.now = 3 * SWEEP_S
     sender.put(delta(req, "y", [1]))
-    assert wait_until(lambda: req.cancelled)
+    assert wait_until(lambda: aborts.cancelled(req))
     sender.close()
     assert asked == [SWEEP_S, 2 * SWEEP_S, 3 * SWEEP_S]
 
@@ -113,10 +142,11 @@ def test_many_streams_are_asked_in_turns_of_a_few_per_sweep():
         return lambda: asked.append((time.monotonic(), rid)) or rid == "r13" and len(asked) > 20
 
     reqs = [request(is_cancelled=watcher(f"r{i}"), rid=f"r{i}") for i in range(20)]
-    sender = OutputSender(sweep_interval_s=0.05, checks_per_sweep=8)
+    aborts = Aborts()
+    sender = OutputSender(aborts, sweep_interval_s=0.05, checks_per_sweep=8)
     for r in reqs:
-        sender.track(r)
-    assert wait_until(lambda: reqs[13].cancelled)
+        track(sender, r)
+    assert wait_until(lambda: aborts.cancelled(reqs[13]))
     sender.close()
     sweeps: dict[int, list[str]] = {}
     start = asked[0][0]
@@ -125,7 +155,7 @@ def test_many_streams_are_asked_in_turns_of_a_few_per_sweep():
     assert max(len(s) for s in sweeps.values()) <= 8
     first_three = [rid for i in sorted(sweeps)[:3] for rid in sweeps[i]]
     assert set(first_three) == {r.request_id for r in reqs}
-    assert not any(r.cancelled for r in reqs if r.request_id != "r13")
+    assert not any(aborts.cancelled(r) for r in reqs if r.request_id != "r13")
 
 
 def test_a_failing_client_is_cancelled_and_sent_nothing_more():
@@ -136,10 +166,11 @@ def test_a_failing_client_is_cancelled_and_sent_nothing_more():
         raise RuntimeError("client went away")
 
     req = request(broken)
-    sender = OutputSender()
-    sender.track(req)
+    aborts = Aborts()
+    sender = OutputSender(aborts)
+    track(sender, req)
     sender.put(delta(req, "a", [1]))
-    assert wait_until(lambda: req.cancelled)
+    assert wait_until(lambda: aborts.cancelled(req))
     sender.put(delta(req, "", [], finished=True, reason=FinishReason.ABORT))
     sender.close()
     assert len(calls) == 1
@@ -149,7 +180,7 @@ def test_close_sends_everything_queued():
     got = []
     req = request(got.append)
     sender = OutputSender()
-    sender.track(req)
+    track(sender, req)
     for i in range(50):
         sender.put(delta(req, str(i), [i], finished=i == 49))
     sender.close()
@@ -162,7 +193,7 @@ def test_outputs_name_their_request_by_key_and_an_untracked_one_is_dropped():
     first, second = request(got.append), request(got.append)  # the same request id: keys tell them apart
     assert first.request_id == second.request_id and first.key != second.key
     sender = OutputSender()
-    sender.track(first)
+    track(sender, first)
     sender.put(delta(second, "dropped", [1], finished=True))
     sender.put(delta(first, "kept", [2], finished=True))
     sender.close()

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from backend.core.client_request import ClientRequest
 from backend.core.request import Request, Sequence
 from backend.protocol.sampling_params import SamplingParams
 from backend.sampling.sampler import Sampler, SamplingRow, argmax_rows, take_rows
@@ -17,7 +18,7 @@ VOCAB = 8
 
 
 def seq_with(prompt=(0, 1), output=(), **params) -> Sequence:
-    request = Request("r", "", list(prompt), SamplingParams(**params))
+    request = Request(ClientRequest("r", "", list(prompt), SamplingParams(**params)))
     seq = Sequence(request, 0, detokenizer=None)
     request.sequences = [seq]
     seq.token_ids.extend(output)
@@ -297,7 +298,7 @@ def test_same_seed_same_tokens(sampler):
 
 
 def test_samples_of_one_request_draw_differently():
-    request = Request("r", "", [0, 1], SamplingParams(seed=5))
+    request = Request(ClientRequest("r", "", [0, 1], SamplingParams(seed=5)))
     a, b = Sequence(request, 0, None), Sequence(request, 1, None)
     assert request.seed_for(0) != request.seed_for(1)
     sampler = OneRow(Sampler(VOCAB, {EOS}))
@@ -306,11 +307,11 @@ def test_samples_of_one_request_draw_differently():
 
 
 def test_unseeded_requests_use_the_base_seed():
-    r1 = Request("a", "", [0], SamplingParams(), base_seed=17)
-    r2 = Request("b", "", [0], SamplingParams(), base_seed=17)
-    r3 = Request("c", "", [0], SamplingParams(seed=17))
+    r1 = ClientRequest("a", "", [0], SamplingParams(), base_seed=17)
+    r2 = ClientRequest("b", "", [0], SamplingParams(), base_seed=17)
+    r3 = ClientRequest("c", "", [0], SamplingParams(seed=17))
     assert r1.seed_for(0) == r2.seed_for(0) == r3.seed_for(0) == 17
-    assert 0 <= Request("d", "", [0], SamplingParams(seed=2**64 - 1)).seed_for(7) < 2**63
+    assert 0 <= ClientRequest("d", "", [0], SamplingParams(seed=2**64 - 1)).seed_for(7) < 2**63
 
 
 # ------------------------------------------------------------------------------------------ logprobs

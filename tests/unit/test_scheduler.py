@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.core.block_manager import BlockManager
+from backend.core.client_request import ClientRequest
 from backend.core.request import FinishReason, Request, Sequence, SequenceStatus
 from backend.core.runner_output import ModelRunnerOutput, SampledTokens
 from backend.core.scheduler import Scheduler
@@ -20,7 +21,7 @@ SIZE = 4
 
 def new_seq(num_tokens: int, request_id: str, start: int = 0, n: int = 1, priority: int = 0) -> Sequence:
     params = SamplingParams(n=n, priority=priority)
-    request = Request(request_id, "", list(range(start, start + num_tokens)), params)
+    request = Request(ClientRequest(request_id, "", list(range(start, start + num_tokens)), params))
     seqs = [Sequence(request, i, detokenizer=None) for i in range(n)]
     request.sequences = seqs
     return seqs[0]
@@ -384,7 +385,7 @@ def test_random_workloads_respect_limits_and_finish(
     seqs = []
     for i, (length, out, prefix, arrival) in enumerate(jobs):
         params = SamplingParams(max_tokens=out, priority=priorities[i] if i < len(priorities) else 0)
-        request = Request(f"r{i}", "", prefixes[prefix][:length], params)
+        request = Request(ClientRequest(f"r{i}", "", prefixes[prefix][:length], params))
         seq = Sequence(request, 0, detokenizer=None)
         request.sequences = [seq]
         seqs.append((arrival, seq))

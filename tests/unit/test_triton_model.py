@@ -102,6 +102,7 @@ class FakePbUtils(types.ModuleType):
 class FakeSender:
     def __init__(self, pb: FakePbUtils):
         self.pb, self.responses, self.done = pb, [], threading.Event()
+        self.cancelled = False  # the client is gone
 
     def send(self, response=None, flags=0):
         self.pb.trip("send final" if flags & self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL else "send")
@@ -111,12 +112,15 @@ class FakeSender:
 
     def is_cancelled(self):
         self.pb.trip("is_cancelled")
-        return False
+        return self.cancelled
 
 
 class FakeRequest:
-    def __init__(self, pb: FakePbUtils, prompt: str, max_tokens: int, requested: tuple[str, ...] = ()):
+    def __init__(
+        self, pb: FakePbUtils, prompt: str, max_tokens: int, requested: tuple[str, ...] = (), parameters: str = "{}"
+    ):
         self.requested = requested  # Triton passes every output when the client names none
+        self._parameters = parameters
         self.tensors = {
             "text_input": pb.Tensor("text_input", np.array([prompt.encode()], dtype=object)),
             "max_tokens": pb.Tensor("max_tokens", np.array([max_tokens], dtype=np.int32)),
@@ -130,7 +134,7 @@ class FakeRequest:
         return set(self.requested)
 
     def parameters(self):
-        return "{}"
+        return self._parameters
 
 
 @pytest.fixture
@@ -250,6 +254,40 @@ def test_responses_carry_only_the_outputs_the_request_names(triton_model):
         assert full and all(
             {"text_output", "output_ids", "sample_index"} <= {t.name for t in r.output_tensors} for r in full
         )
+    finally:
+        model.finalize()
+
+
+def test_each_kind_of_request_gets_its_answer_and_a_cancelled_client_frees_its_blocks(triton_model):
+    """`execute` routes by kind: a LoRA admin action and a forwarding model's cancellation are answered at once; a
+    generation whose client is gone is noticed by the output sender's sweep, which tells the engine loop: the request
+    ends early with its final response, and its KV blocks are free again."""
+    model_class, pb, args = triton_model
+    model = model_class()
+    model.initialize(args)
+    try:
+        admin = FakeRequest(pb, "", 1, parameters=json.dumps({"lora_adapters": {"action": "list"}}))
+        cancel = FakeRequest(pb, "", 1, parameters=json.dumps({"cancel_forwarded": "not-in-flight"}))
+        gone = FakeRequest(
+            pb, "Count to a thousand", 100, parameters=json.dumps({"ignore_eos": True, "return_finish_reason": True})
+        )
+        gone.sender.cancelled = True
+        model.execute([admin, cancel, gone])
+        wait(admin.sender.done, "the admin action's answer")
+        wait(cancel.sender.done, "the cancellation's answer")
+        wait(gone.sender.done, "the cancelled request's final response")
+        (answer,) = admin.sender.responses
+        assert json.loads(answer.output_tensors[0].array[0])["status"] == 200
+        assert cancel.sender.responses == [None]
+        (final,) = gone.sender.responses
+        tensors = {t.name: t.array for t in final.output_tensors}
+        assert tensors["finish_reason"].ravel()[0] == b"abort"
+        assert tensors["output_ids"].size < 100
+        engine = model.engine._engine
+        deadline = time.monotonic() + 10
+        while engine.requests and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not engine.requests and engine.block_manager.num_used_blocks == 0
     finally:
         model.finalize()
 

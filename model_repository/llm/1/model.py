@@ -1,8 +1,8 @@
 """Triton glue for the LLM engine: parse and validate each request, hand it to the engine, send responses.
 
-Decoupled: `execute` returns at once; the engine loop's output sender thread sends every response through
-the request's response sender (the last one with the FINAL flag) and polls `is_cancelled()`, so the engine
-thread never waits on a round trip to the server.
+Decoupled: `execute` routes each request by its kind (`request_kinds.route`, a table of handlers) and returns at
+once; the engine loop's output sender thread sends every response through the request's response sender (the last
+one with the FINAL flag) and polls `is_cancelled()`, so the engine thread never waits on a round trip to the server.
 """
 
 import dataclasses
@@ -17,13 +17,13 @@ from backend.core.config import EngineConfig
 from backend.core.metrics import PeriodicPublisher, TritonMetricsSink
 from backend.core.request import RequestOutput
 from backend.engine.loop import EngineStopped, ServerBusy
+from backend.engine.output_sender import Transport
 from backend.protocol.values import InvalidRequest
 from backend.protocol.wire import INPUT_NAMES, error_text
-from backend.serving import lora_admin
-from backend.serving.batch_view import is_watch_request
 from backend.serving.engine_client import EngineClient
-from backend.serving.forwarded import ForwardedRequests, split_parameters
+from backend.serving.forwarded import ForwardedRequests
 from backend.serving.request_inputs import ParsedRequest
+from backend.serving.request_kinds import RequestKind, RoutedRequest, route
 from backend.serving.response_tensors import TokenTexts, response_arrays
 from backend.serving.stub_process import exit_stub_process
 from backend.serving.vllm_backend_parameters import split as split_vllm_backend_parameters
@@ -72,6 +72,12 @@ class TritonPythonModel:
         on_death = self._stop_reporting_ready if vllm_backend.unload_on_engine_death else self._stay_loaded
         self.engine = EngineClient(config, self.metrics_publisher, on_death=on_death)
         self.forwarded = ForwardedRequests()  # requests from the TensorRT-LLM contract's models
+        self._handlers = {
+            RequestKind.GENERATE: self._generate,
+            RequestKind.BATCH_VIEW: self._watch,
+            RequestKind.LORA_ADMIN: self._answer_lora_admin,
+            RequestKind.CANCEL_FORWARDED: self._cancel_forwarded,
+        }
 
     def _stop_reporting_ready(self, failure: str) -> None:
         """The engine thread died (every request in flight has its error queued for sending): unload the model, so
@@ -110,25 +116,25 @@ class TritonPythonModel:
         self.metrics_publisher.start()  # idempotent; `initialize` has returned by now
         for request in requests:
             sender = request.get_response_sender()
-            if is_watch_request(request.parameters()):
-                self._watch(sender)
-                continue
-            action = lora_admin.admin_action(request.parameters())
-            if action is not None:
-                sender.send(_text_response(self.engine.lora_admin(action)), flags=FINAL)
-                continue
-            forwarded_id, cancel_id, parameters = split_parameters(request.parameters())
-            if cancel_id is not None:
-                self.forwarded.cancel(cancel_id)
-                sender.send(flags=FINAL)
-                continue
-            try:
-                self._submit(request, sender, parameters, forwarded_id)
-            except (InvalidRequest, ServerBusy, EngineStopped) as exc:
-                sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(str(exc), exc.kind))), flags=FINAL
-                )
+            routed = route(request.parameters())
+            self._handlers[routed.kind](request, sender, routed)
         return None
+
+    def _generate(self, request, sender, routed: RoutedRequest):
+        """Refused at once (a bad input, a full queue, a stopped engine): its one error response, sent here."""
+        try:
+            self._submit(request, sender, routed.parameters, routed.forwarded_id)
+        except (InvalidRequest, ServerBusy, EngineStopped) as exc:
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(error_text(str(exc), exc.kind))), flags=FINAL
+            )
+
+    def _answer_lora_admin(self, request, sender, routed: RoutedRequest):
+        sender.send(_text_response(self.engine.lora_admin(routed.lora_action)), flags=FINAL)
+
+    def _cancel_forwarded(self, request, sender, routed: RoutedRequest):
+        self.forwarded.cancel(routed.cancel_id)
+        sender.send(flags=FINAL)
 
     def _submit(self, request, sender, parameters: str, forwarded_id: str | None):
         tensors = {}
@@ -146,20 +152,20 @@ class TritonPythonModel:
             def is_cancelled():
                 return self.forwarded.is_cancelled(forwarded_id) or sender.is_cancelled()
 
-        engine_request = self.engine.build_request(parsed, writer.send, is_cancelled)
+        engine_request = self.engine.build_request(parsed)
         # non-streaming: the prompt (as text, also for input_ids) comes first unless excluded
         writer.prompt_prefix = "" if parsed.exclude_input_in_output else engine_request.prompt
         if forwarded_id is not None:
             self.forwarded.track(forwarded_id)
             writer.on_final = lambda: self.forwarded.done(forwarded_id)
         try:
-            self.engine.submit(engine_request)
+            self.engine.submit(engine_request, Transport(writer.send, is_cancelled))
         except (ServerBusy, EngineStopped):
             if forwarded_id is not None:
                 self.forwarded.done(forwarded_id)
             raise
 
-    def _watch(self, sender):
+    def _watch(self, request, sender, routed: RoutedRequest):
         """A batch view watch (`"batch_view": true`): the engine's step records stream back as JSON in
         `text_output` until the client cancels."""
 
