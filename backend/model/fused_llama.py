@@ -6,7 +6,9 @@ weights are laid out once at load: q/k/v fused into one matmul, gate/up into ano
 low-bit copies for small batches, see `linear.py`), rotary cos and sin looked up once per step for all layers,
 RoPE applied to queries and keys together (after Qwen3's per-head RMSNorm of each), and the residual stream kept
 as one [T, hidden] tensor. The arithmetic is Hugging Face's, op for op (RMSNorm in float32, RoPE and residuals in
-the model's dtype), so float32 results match the generic path.
+the model's dtype), so float32 results match the generic path. Three of the runner's four forward paths are
+here (forward_plan.py: on torch ops, the Python loop over our layer ops, the native decoder stack); `forward` runs
+the one the runner's plan names.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 
 from backend.model import huge_pages, kernels
 from backend.model.embedding import TokenEmbedding
+from backend.model.forward_plan import ForwardPath
 from backend.model.linear import DenseLinear, LowBitLinear, make_linear
 from backend.model.lora import LoraStep
 from backend.model.model_weights import ModelWeights
@@ -177,25 +180,16 @@ class FusedLlama:
         )
         return stack, max_m
 
-    def runs_natively(self, rows: int, meta: AttentionMetadata) -> bool:
-        """Whether `forward_native` computes this step (one without LoRA rows: those take `forward`): a short step
-        (decodes, verifications) of up to `stack_rows` rows."""
-        return self.on_kernels(rows) and meta.block_tables is not None
-
-    def forward_native(
+    def _forward_native(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor
     ) -> torch.Tensor:
-        """`forward` where `runs_natively`: the whole pass (embedding, layers, final norm, LM head) in one call of
-        `self.stack`, the calls `_forward_short` makes from Python, so the same bits. float32 logits on the CPU;
-        no autograd inside, so the caller needs no inference mode."""
+        """NATIVE_STACK: the whole pass (embedding, layers, final norm, LM head) in one call of `self.stack`, the
+        calls `_forward_loop` makes from Python, so the same bits. float32 logits on the CPU; no autograd inside,
+        so the caller needs no inference mode."""
         cos, sin = self.rotary.tables(self.final_norm, max(s.start_pos + s.num_tokens for s in meta.slices))
         return self.stack.forward(
             input_ids, cos, sin, meta.kv_cache, meta.slot_mapping, positions, meta.row_seq, meta.block_tables, keep
         )
-
-    def on_kernels(self, rows: int) -> bool:
-        """Whether a pass of `rows` rows runs every matmul on our kernels (the native stack)."""
-        return rows <= self.stack_rows
 
     def linear_layers(self) -> list[DenseLinear]:
         """Every linear layer a step runs, in order, LM head last."""
@@ -203,7 +197,7 @@ class FusedLlama:
             self.lm_head
         ]
 
-    def _forward_short(
+    def _forward_loop(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
@@ -211,9 +205,12 @@ class FusedLlama:
         keep: torch.Tensor,
         lora: LoraStep | None,
     ) -> torch.Tensor:
-        """`forward` for a step of decodes and verifications: per layer five calls into our kernels (norms fused
+        """NATIVE_LOOP, for a step of decodes and verifications: per layer five calls into our kernels (norms fused
         with the residual adds, RoPE with the KV write and attention over the blocks in place, SiLU with the
-        product) between the four projections (`forward_native` runs the same calls in one native call)."""
+        product) between the four projections. `_forward_native` makes the same calls in one native call; this
+        loop serves the short steps the stack does not take (forward_plan.py: LoRA rows, more rows than the stack
+        takes, projections not all on the low-bit kernel, rotary tables computed per step), and it is the stack's
+        reference and what the decode profile (benchmarks/decode_profile.py) times op by op."""
         ops, eps = self.ops, self.eps
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, positions)
@@ -254,16 +251,21 @@ class FusedLlama:
 
     def forward(
         self,
+        path: ForwardPath,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
         keep: torch.Tensor,
         lora: LoraStep | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions [T] of the flat batch; returns logits [len(keep), vocab] of the rows `keep`, with
-        `lora`'s adapters added to their rows' projections."""
-        if self.ops is not None and meta.block_tables is not None:
-            return self._forward_short(input_ids, positions, meta, keep, lora)
+        """input_ids, positions [T] of the flat batch; returns logits [len(keep), vocab] of the rows `keep`, computed
+        on `path` (the runner's plan for the step, forward_plan.py), with `lora`'s adapters added to their rows'
+        projections (never on NATIVE_STACK)."""
+        if path is ForwardPath.NATIVE_STACK:
+            return self._forward_native(input_ids, positions, meta, keep)
+        if path is ForwardPath.NATIVE_LOOP:
+            return self._forward_loop(input_ids, positions, meta, keep, lora)
+        # FUSED_TORCH: every op in torch, attention through SDPA over the gathered blocks (`paged_attention`)
         total = input_ids.shape[0]
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qk_heads = heads + kv_heads

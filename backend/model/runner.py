@@ -19,6 +19,7 @@ from backend.model import (
     model_source,
     safetensors_weights,
 )
+from backend.model.forward_plan import ForwardPath, ForwardPlan, plan_forward
 from backend.model.gguf_weights import find_gguf
 from backend.model.hardware import KERNEL_KINDS
 from backend.model.linear import LowBitLinear
@@ -80,6 +81,19 @@ class ForwardItem:
     block_table: list[int]
     num_logits: int
     adapter: LoraAdapter | None = None  # the LoRA adapter its rows run with
+
+
+@dataclass
+class StepInputs:
+    """A step's flat batch: `rows` tokens with their positions, attention metadata, the rows that get logits, and
+    the rows of each LoRA adapter (by adapter uid)."""
+
+    rows: int
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    keep: torch.Tensor
+    adapted: dict[int, tuple[LoraAdapter, list[int]]]
 
 
 class ModelRunner:
@@ -304,8 +318,8 @@ class ModelRunner:
             dst = torch.tensor([c[1] for c in copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
-    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
-        """Run one pass over all items; returns float32 logits [sum(num_logits), vocab] on the CPU."""
+    def step_inputs(self, items: list[ForwardItem]) -> StepInputs:
+        """The flat batch of `items`, as the forward reads it."""
         tokens, positions, slices, keep = [], [], [], []
         adapted: dict[int, tuple[LoraAdapter, list[int]]] = {}
         for item in items:
@@ -317,49 +331,50 @@ class ModelRunner:
             positions.extend(range(item.start_pos, item.start_pos + n))
             slices.append(SeqSlice(start_row, n, item.start_pos, item.block_table))
             keep.extend(range(start_row + n - item.num_logits, start_row + n))
-        meta = build_metadata(slices, self.block_size, self.kv_cache, self.queries_per_kv)
-        input_ids = torch.tensor(tokens, device=self.device)
-        position_ids = torch.tensor(positions, device=self.device)
-        keep = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self._use_threads(len(tokens))
-        if self.fused is not None and not adapted and self.fused.runs_natively(len(tokens), meta):
+        return StepInputs(
+            len(tokens),
+            torch.tensor(tokens, device=self.device),
+            torch.tensor(positions, device=self.device),
+            build_metadata(slices, self.block_size, self.kv_cache, self.queries_per_kv),
+            torch.tensor(keep, dtype=torch.long, device=self.device),
+            adapted,
+        )
+
+    def plan(self, step: StepInputs) -> ForwardPlan:
+        """Which forward path computes `step`, and why (forward_plan.py)."""
+        short_queries = step.meta.block_tables is not None
+        return plan_forward(self.fused, step.rows, short_queries, bool(step.adapted), self.threads)
+
+    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Run one pass over all items on the path `plan` picks; returns float32 logits [sum(num_logits), vocab] on
+        the CPU."""
+        step = self.step_inputs(items)
+        plan = self.plan(step)
+        # torch's pool for the pass and the sampling after it; set per step, as others in the process may change it
+        if torch.get_num_threads() != plan.torch_threads:
+            torch.set_num_threads(plan.torch_threads)
+        if plan.path is ForwardPath.NATIVE_STACK:
             # outside inference mode, which cost a one-row step about 30 us to enter (docs/benchmarks.md)
-            return self.fused.forward_native(input_ids, position_ids, meta, keep)
-        return self._forward_torch(input_ids, position_ids, meta, keep, adapted)
+            return self.fused.forward(plan.path, step.input_ids, step.positions, step.meta, step.keep)
+        return self._forward_torch(plan.path, step)
 
     @torch.inference_mode()
-    def _forward_torch(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        meta: AttentionMetadata,
-        keep: torch.Tensor,
-        adapted: dict[int, tuple[LoraAdapter, list[int]]],
-    ) -> torch.Tensor:
-        """`forward` through torch's ops (and our layer ops): the fused forward, else Hugging Face's modules."""
-        if self.fused is not None:
-            lora = None
-            if adapted:
-                lora = LoraStep(
-                    [(adapter, torch.tensor(rows, device=self.device)) for adapter, rows in adapted.values()]
-                )
-            return self.fused.forward(input_ids, position_ids, meta, keep, lora).float().cpu()
-        if adapted:
-            raise ValueError("LoRA adapters need the fused forward (Llama-family models)")
-        out = self.model(
-            input_ids=input_ids[None],
-            position_ids=position_ids[None],
-            use_cache=False,
-            logits_to_keep=keep,
-            paged_attention=meta,
-        )
-        return out.logits[0].float().cpu()
-
-    def _use_threads(self, rows: int) -> None:
-        """Our kernels' pool always has `threads`; torch's own (OpenMP) gets them where torch computes a pass's
-        matmuls, one thread where our kernels carry the whole pass: the idle workers of two pools polling on the
-        same cores held up each other's ops (a batch-1 step 10.1 ms against 16 ms, docs/benchmarks.md). The
-        sampling after the pass runs on the same count."""
-        wanted = 1 if self.fused is not None and self.fused.on_kernels(rows) else self.threads
-        if torch.get_num_threads() != wanted:  # per process: others in it may change it
-            torch.set_num_threads(wanted)
+    def _forward_torch(self, path: ForwardPath, step: StepInputs) -> torch.Tensor:
+        """`forward` on `path` in inference mode: Hugging Face's modules, or the fused forward on torch ops or on the
+        Python loop over our layer ops."""
+        if path is ForwardPath.HF_MODULES:
+            out = self.model(
+                input_ids=step.input_ids[None],
+                position_ids=step.positions[None],
+                use_cache=False,
+                logits_to_keep=step.keep,
+                paged_attention=step.meta,
+            )
+            return out.logits[0].float().cpu()
+        lora = None
+        if step.adapted:
+            lora = LoraStep(
+                [(adapter, torch.tensor(rows, device=self.device)) for adapter, rows in step.adapted.values()]
+            )
+        logits = self.fused.forward(path, step.input_ids, step.positions, step.meta, step.keep, lora)
+        return logits.float().cpu()

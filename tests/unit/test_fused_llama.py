@@ -8,30 +8,14 @@ import torch
 
 from backend.model import fused_llama, huge_pages, model_source
 from backend.model.linear import LowBitLinear
-from backend.model.runner import ForwardItem, ModelRunner
+from backend.model.runner import ModelRunner
 from backend.model.weight_blocks import FORMATS
-from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, PROMPTS, scattered_tables
+from tests.unit.paged_cases import BLOCK, NUM_BLOCKS, ragged_step_items
 
 
 def ragged_steps(runner: ModelRunner) -> list[torch.Tensor]:
-    """Logits of three steps: a prompt chunk beside two whole prompts, the chunk's rest beside two decodes
-    (one verifying three positions, speculative-style), then three decodes."""
-    tables = scattered_tables(3, 12, seed=5)
-    a, b, c = PROMPTS
-    steps = [
-        [ForwardItem(a[:18], 0, tables[0], 0), ForwardItem(b, 0, tables[1], 1), ForwardItem(c, 0, tables[2], 2)],
-        [
-            ForwardItem(a[18:], 18, tables[0], 1),
-            ForwardItem([9], len(b), tables[1], 1),
-            ForwardItem([11, 12, 13], len(c), tables[2], 3),
-        ],
-        [
-            ForwardItem([5], len(a), tables[0], 1),
-            ForwardItem([6], len(b) + 1, tables[1], 1),
-            ForwardItem([7], len(c) + 3, tables[2], 1),
-        ],
-    ]
-    return [runner.forward(items) for items in steps]
+    """Logits of paged_cases' three ragged steps: prompt chunks, decodes and a verification of three positions."""
+    return [runner.forward(items) for items in ragged_step_items()]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3"])
