@@ -134,8 +134,9 @@ def test_token_texts_decode_each_token_once():
 
 
 def stream(engine: LLMEngine, params: SamplingParams, track: bool) -> list[SampleOutput]:
-    request = engine.build_request(f"r{id(params)}{track}", "The quick brown fox jumps", params, stream=True)
-    request.tracks_cumulative_logprob = track
+    request = engine.build_request(
+        f"r{id(params)}{track}", "The quick brown fox jumps", params, stream=True, tracks_cumulative_logprob=track
+    )
     engine.add_request(request)
     samples = []
     for _ in range(500):

@@ -337,7 +337,8 @@ def test_every_step_runs_on_the_engines_threads(make_engine, monkeypatch):
     monkeypatch.setattr(
         model,
         "forward",
-        lambda *args, **kw: used.append((len(args[0]), torch.get_num_threads())) or forward(*args, **kw),
+        # forward(path, input_ids, ...): the rows of the pass and the threads it runs on
+        lambda *args, **kw: used.append((len(args[1]), torch.get_num_threads())) or forward(*args, **kw),
     )
     try:
         torch.set_num_threads(1)
