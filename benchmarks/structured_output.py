@@ -52,10 +52,14 @@ class MaskTimer:
         self._mask = engine.structured.mask_logits
         engine.structured.mask_logits = self
 
-    def __call__(self, scheduled, logits):
+    def __call__(self, sched, logits):
         start = time.perf_counter()
-        self._mask(scheduled, logits)
-        constrained = sum(s.num_spec_tokens + 1 for s in scheduled if s.samples and s.seq.matcher is not None)
+        self._mask(sched, logits)
+        constrained = sum(
+            s.num_spec_tokens + 1
+            for s in sched.scheduled
+            if s.samples and sched.sequences[s.seq_id].matcher is not None
+        )
         if constrained:
             self.seconds += time.perf_counter() - start
             self.calls += 1

@@ -62,14 +62,16 @@ class OutputProcessor:
             progress = self._progress[seq.seq_id] = SampleProgress()
         return progress
 
-    def add_logprobs(self, output: ModelRunnerOutput) -> None:
-        """Fill in the logprobs entries of every token the step chose for a sequence that tracks them, computed
-        together: one log-softmax over those rows per distinct `logprobs` count, not one per token."""
+    def add_logprobs(self, output: ModelRunnerOutput, sequences: dict[int, Sequence]) -> None:
+        """Fill in the logprobs entries of every token the step chose for a sequence that tracks them (`sequences`:
+        the step's, by seq_id), computed together: one log-softmax over those rows per distinct `logprobs` count,
+        not one per token."""
         by_top: dict[int, list[tuple[SampledTokens, int]]] = {}
         for result in output.sampled:
-            if _tracks_cumulative(result.seq):
+            seq = sequences[result.seq_id]
+            if _tracks_cumulative(seq):
                 result.logprobs = [None] * len(result.token_ids)
-                by_top.setdefault(result.seq.params.logprobs or 0, []).extend(
+                by_top.setdefault(seq.params.logprobs or 0, []).extend(
                     (result, i) for i in range(len(result.token_ids))
                 )
         for top, tokens in by_top.items():

@@ -8,13 +8,17 @@ front of their priority in the queue to be recomputed (from the prefix cache whe
 The queue is ordered by priority, then arrival; a waiting sequence that slots or blocks cannot admit preempts
 running ones of a lower priority (never of its own) to get in (docs/engine.md, "Priority").
 
-After the forward pass, `update_from_output` is the one place where what the step did lands on the sequences:
-their computed counts, their new tokens, the drafts kept and the KV slots of rejected ones released, the full
-blocks registered in the prefix cache, parallel samples forked, stop rules applied and finished sequences freed.
+The step is a list of plain records (`scheduler_output.py`), each sequence's tokens fixed when it is scheduled,
+every sequence that draws a token listed (a request's parallel samples waiting to fork included). After the forward
+pass, `update_from_output` is the one place where what the step produced (`runner_output.py`) lands on the
+sequences and their requests: prompt logprobs and context logits, the draft model's computed count, computed counts,
+new tokens, the drafts kept and the KV slots of rejected ones released, the full blocks registered in the prefix
+cache, parallel samples forked, stop rules applied, finished sequences freed, the requests' statistics.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
@@ -24,7 +28,7 @@ import torch
 from backend.core.block_manager import BlockManager
 from backend.core.request import FinishReason, Sequence, SequenceStatus
 from backend.core.runner_output import ModelRunnerOutput
-from backend.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from backend.core.scheduler_output import SchedulerOutput
 
 # The stop rules a new token is checked against (OutputProcessor.on_token): the reason it ends the sequence, or
 # None. Called with the token already appended, its logits row and its logprobs entry (None when not tracked).
@@ -72,11 +76,12 @@ class Scheduler:
             num_new = min(seq.num_uncomputed_tokens + spec, budget)
             if not self._make_room(seq, num_new, scheduled_ids, out):
                 continue  # it preempted itself
-            out.scheduled.append(ScheduledSeq(seq, num_new, spec))
+            out.add(seq, num_new, spec, self.unforked(seq))
             scheduled_ids.add(seq.seq_id)
             budget -= num_new
         if not out.preempted:
             self._admit_waiting(out, budget)
+        out.block_copies = self.block_manager.take_pending_copies()
         return out
 
     def _make_room(self, seq: Sequence, num_new: int, scheduled_ids: set[int], out: SchedulerOutput) -> bool:
@@ -117,7 +122,7 @@ class Scheduler:
                 if not lower:
                     return
                 victim = self._lowest(lower)
-                budget += self._unschedule(victim, out)
+                budget += out.remove(victim)
                 self.preempt(victim)
                 out.preempted.append(victim)
                 floor = victim.priority if floor is None else min(floor, victim.priority)
@@ -127,13 +132,15 @@ class Scheduler:
             seq.num_computed_tokens = seq.num_cached_prompt_tokens
             if request.num_cached_tokens is None:  # its first admission: what usage reports as cached
                 request.num_cached_tokens = seq.num_cached_prompt_tokens
+                request.stats.first_scheduled_ns = time.time_ns()
+            request.stats.blocks_reused = seq.num_cached_prompt_tokens // self.block_manager.block_size
             self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             if extra:
                 self.reserved_slots += extra
                 self._reserved[seq.seq_id] = extra
-            out.scheduled.append(ScheduledSeq(seq, num_new))
+            out.add(seq, num_new, parallel=self.unforked(seq))
             budget -= num_new
             if adapter is not None:
                 adapters.add(adapter.uid)
@@ -152,15 +159,6 @@ class Scheduler:
         )
         num_new = min(seq.num_tokens - len(cached) * self.block_manager.block_size, budget)
         return (cached, num_new) if self.block_manager.can_admit(seq, cached, num_new) else None
-
-    @staticmethod
-    def _unschedule(seq: Sequence, out: SchedulerOutput) -> int:
-        """Take `seq` out of this step's work (it is being preempted); the tokens it gives back to the budget."""
-        for i, item in enumerate(out.scheduled):
-            if item.seq is seq:
-                del out.scheduled[i]
-                return item.num_new_tokens
-        return 0
 
     def preempt(self, seq: Sequence) -> None:
         """Free the sequence's blocks and requeue it first among its priority; it will be recomputed."""
@@ -197,15 +195,28 @@ class Scheduler:
             self._take_unforked(request.sequences[0])
 
     def update_from_output(self, sched: SchedulerOutput, output: ModelRunnerOutput, stop_rule: StopRule) -> None:
-        """Apply what the step did. A verified sequence keeps the KV of its accepted drafts (the rest is released);
-        a sequence that samples for the first time forks its parallel samples; each new token is appended and
-        checked against `stop_rule`, and a sequence it stops is finished (its later tokens dropped)."""
+        """Apply what the step did. A chunk's prompt outputs join its request's; a verified sequence keeps the KV of
+        its accepted drafts (the rest is released); a sequence that samples for the first time forks its parallel
+        samples; each new token is appended and checked against `stop_rule`, and a sequence it stops is finished
+        (its later tokens dropped)."""
+        seqs = sched.sequences
+        for record in output.prompt_outputs:
+            request = seqs[record.seq_id].request
+            if record.logprobs:
+                request.prompt_logprobs += record.logprobs
+            if record.context_logits is not None:
+                request.context_logits.append(record.context_logits)
         for s in sched.scheduled:
-            seq = s.seq
+            seq = seqs[s.seq_id]
+            if s.draft.draft_num_computed is not None:
+                seq.draft_num_computed = s.draft.draft_num_computed
             if s.num_spec_tokens:
-                seq.num_computed_tokens = seq.num_tokens + output.num_accepted[seq.seq_id]
+                num_accepted = output.num_accepted[seq.seq_id]
+                seq.num_computed_tokens = seq.num_tokens + num_accepted
                 seq.draft_num_computed = min(seq.draft_num_computed, seq.num_computed_tokens)
                 self.block_manager.trim(seq)
+                seq.request.stats.draft_tokens += s.num_spec_tokens
+                seq.request.stats.accepted_tokens += num_accepted
             else:
                 seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit(seq)
@@ -214,7 +225,7 @@ class Scheduler:
                 for member in [seq, *children]:
                     self.finish(member, FinishReason.LENGTH)
         for result in output.sampled:
-            seq, reason = result.seq, None
+            seq, reason = seqs[result.seq_id], None
             for i, token_id in enumerate(result.token_ids):
                 seq.token_ids.append(token_id)
                 entry = result.logprobs[i] if result.logprobs is not None else None
@@ -225,6 +236,10 @@ class Scheduler:
                 self.block_manager.commit(seq)
             if reason is not None:
                 self.finish(seq, reason)
+        for s in sched.scheduled:
+            seq = seqs[s.seq_id]
+            if seq.sample_index == 0:  # the request's statistics count its first sample's blocks
+                seq.request.stats.blocks_total = max(seq.request.stats.blocks_total, len(seq.block_table))
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Remove a finished or aborted sequence wherever it is and free its blocks."""

@@ -316,9 +316,6 @@ class LLMEngine:
             self.metrics.inc("llm_requests_preempted_total", len(sched.preempted))
         if sched.scheduled:
             self.num_steps += 1
-            now = time.time_ns()
-            for item in sched.scheduled:
-                item.seq.request.stats.first_scheduled_ns = item.seq.request.stats.first_scheduled_ns or now
             output = ModelRunnerOutput()
             try:
                 sched, output = self._run(sched)
@@ -326,9 +323,11 @@ class LLMEngine:
             except Exception as exc:  # fail this step's requests, keep serving the others
                 log.exception("engine step failed")
                 for item in sched.scheduled:
-                    self._abort(item.seq.request, ErrorText(f"internal error while generating: {exc}", INTERNAL))
+                    request = sched.sequences[item.seq_id].request
+                    self._abort(request, ErrorText(f"internal error while generating: {exc}", INTERNAL))
             for item in sched.scheduled:
-                touched[item.seq.request.request_id] = item.seq.request
+                request = sched.sequences[item.seq_id].request
+                touched[request.request_id] = request
             self._record_step(sched, output, started)
         else:  # nothing to run: perhaps only grammars compiling
             self.structured.wait(self.requests.values(), timeout_s=0.05)
@@ -338,35 +337,36 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> tuple[SchedulerOutput, ModelRunnerOutput]:
-        """Propose drafts, run the forward pass, record prompt outputs, sample and verify: the step as it ran (its
-        drafts in) and what it produced. Changes no sequence: `Scheduler.update_from_output` applies it."""
-        copies = self.block_manager.take_pending_copies()
-        self.runner.copy_blocks(copies)
+        """Propose drafts, run the forward pass, take prompt outputs, sample and verify: the step as it ran (its
+        drafts in) and what it produced, as plain records. Changes no sequence: `Scheduler.update_from_output`
+        applies it."""
+        self.runner.copy_blocks(sched.block_copies)
         if self.spec is not None:
-            sched = self.spec.propose(sched, copies)
-        self.faults.before_forward(s.seq.request.prompt for s in sched.scheduled)
-        items = [
-            ForwardItem(s.token_ids, s.start, s.seq.block_table, s.num_logits, s.seq.request.adapter)
-            for s in sched.scheduled
-        ]
+            sched = self.spec.propose(sched)
+        seqs = sched.sequences
+        self.faults.before_forward(seqs[s.seq_id].request.prompt for s in sched.scheduled)
+        items = []
+        for s in sched.scheduled:
+            seq = seqs[s.seq_id]
+            items.append(ForwardItem(s.token_ids, s.start, seq.block_table, s.num_logits, seq.request.adapter))
         logits = self.runner.forward(items)
-        if prompt_outputs.wanted(sched.scheduled):
-            logits = prompt_outputs.take_prompt_outputs(self.sampler, sched.scheduled, logits)
+        output = ModelRunnerOutput()
+        if prompt_outputs.wanted(sched):
+            logits, output.prompt_outputs = prompt_outputs.take_prompt_outputs(self.sampler, sched, logits)
+        output.logits = logits
         self.structured.mask_logits(sched, logits)
-        output = ModelRunnerOutput(logits)
-        verifying, sampling = [], []
-        for s, row in zip(sched.scheduled, sched.sample_rows):
-            if s.num_spec_tokens:
-                verifying.append((s, row))
-            elif s.samples and s.seq.params.max_tokens > 0:  # max_tokens 0: a prompt scored, no token
-                sampling += [(member, row) for member in [s.seq, *self.scheduler.unforked(s.seq)]]
+        verifying = [(s, row) for s, row in zip(sched.scheduled, sched.sample_rows) if s.num_spec_tokens]
         if verifying:
-            self.spec.verify(verifying, logits, output)
-        if sampling:
-            rows = [row for _, row in sampling]
-            tokens = self.sampler.sample(take_rows(logits, rows), [seq.sampling_row() for seq, _ in sampling])
-            output.sampled += [SampledTokens(seq, [token], [row]) for (seq, row), token in zip(sampling, tokens)]
-        self.outputs.add_logprobs(output)
+            self.spec.verify(sched, verifying, logits, output)
+        if sched.draws:
+            rows = [row for _, row in sched.draws]
+            drawing = [seqs[seq_id] for seq_id, _ in sched.draws]
+            tokens = self.sampler.sample(take_rows(logits, rows), [seq.sampling_row() for seq in drawing])
+            output.sampled += [
+                SampledTokens(seq.seq_id, [token], [row], seq.num_tokens - 1)
+                for seq, row, token in zip(drawing, rows, tokens)
+            ]
+        self.outputs.add_logprobs(output, seqs)
         if self.spec is not None:
             self.spec.observe(output)
         return sched, output
@@ -391,11 +391,6 @@ class LLMEngine:
         self.metrics.set("llm_step_prefill_tokens", sum(s.num_new_tokens for s in prefills))
         self.metrics.set("llm_step_decode_sequences", len(sched.scheduled) - len(prefills))
         self.metrics.set("llm_step_timestamp_seconds", int(time.time()))
-        for item in sched.scheduled:
-            stats, seq = item.seq.request.stats, item.seq
-            if seq is seq.request.sequences[0]:
-                stats.blocks_total = max(stats.blocks_total, len(seq.block_table))
-                stats.blocks_reused = seq.num_cached_prompt_tokens // self.config.block_size
         if self.watchers.active or self.config.log_batch_visualization:  # no record unless someone looks
             record = step_record(
                 self.num_steps,

@@ -36,7 +36,7 @@ def step_record(
     Queue and KV figures are read after the step (as the metric gauges)."""
     seqs = []
     for s in sched.scheduled:
-        seq = s.seq
+        seq = sched.sequences[s.seq_id]
         entry = {"request_id": seq.request.request_id, "sample": seq.sample_index, "tokens": s.num_new_tokens}
         if s.num_spec_tokens:
             entry.update(kind=VERIFY, drafted=s.num_spec_tokens, accepted=num_accepted.get(seq.seq_id, 0))

@@ -201,11 +201,12 @@ class StructuredOutput:
 
     def mask_logits(self, sched, logits: torch.Tensor) -> None:
         """Mask, in place, the rows of `logits` (a step's sampled rows: `sched.sample_rows[i]` is where scheduled
-        sequence i's k + 1 rows start) that belong to constrained sequences."""
+        sequence i's k + 1 rows start) that belong to constrained sequences. Each matcher is left in the state it
+        was in: llguidance steps through a verified sequence's drafts and back within the call."""
         entries = [
-            (s.seq.matcher, row, list(s.draft.token_ids))
+            (matcher, row, list(s.draft.token_ids))
             for s, row in zip(sched.scheduled, sched.sample_rows)
-            if s.samples and s.seq.matcher is not None
+            if s.samples and (matcher := sched.sequences[s.seq_id].matcher) is not None
         ]
         if entries:  # inference mode only then: entering it cost a one-row step about 30 us (docs/benchmarks.md)
             self._mask(entries, logits)

@@ -61,12 +61,12 @@ class SpeculativeDecoder:
         cap = max(0, min(k, remaining))
         return self.policy.draft_length(seq, cap) if self.policy is not None else cap
 
-    def propose(self, sched: SchedulerOutput, copies: list[tuple[int, int]]) -> SchedulerOutput:
+    def propose(self, sched: SchedulerOutput) -> SchedulerOutput:
         """The step with the proposer's drafts; a sequence that gets fewer than asked verifies fewer."""
-        self.proposer.copy_blocks(copies)
+        self.proposer.copy_blocks(sched.block_copies)
         speculating = [s for s in sched.scheduled if s.num_spec_tokens]
-        drafts = self.proposer.propose([(s.seq, s.num_spec_tokens) for s in speculating])
-        return sched.with_drafts({s.seq.seq_id: draft for s, draft in zip(speculating, drafts)})
+        drafts = self.proposer.propose([(sched.sequences[s.seq_id], s.num_spec_tokens) for s in speculating])
+        return sched.with_drafts({s.seq_id: draft for s, draft in zip(speculating, drafts)})
 
     def finish(self, seqs: list[Sequence]) -> None:
         """A request is done: the proposer learns from its sequences' output and forgets their state."""
@@ -77,16 +77,25 @@ class SpeculativeDecoder:
         self.proposer.observe(output)
 
     def verify(
-        self, verifying: list[tuple[ScheduledSeq, int]], logits: torch.Tensor, output: ModelRunnerOutput
+        self,
+        sched: SchedulerOutput,
+        verifying: list[tuple[ScheduledSeq, int]],
+        logits: torch.Tensor,
+        output: ModelRunnerOutput,
     ) -> None:
-        """For each (speculating sequence, its first row of `logits`; k + 1 rows each): the accepted prefix of its
-        draft and the token after it, added to `output`. The rows of every sequence are processed as one batch:
-        one argmax over the greedy ones, one rejection-sampling pass over the sampled ones."""
-        rows = [s.seq.sampling_row(s.draft.token_ids[:i]) for s, _ in verifying for i in range(s.num_spec_tokens + 1)]
+        """For each (speculating sequence of `sched`, its first row of `logits`; k + 1 rows each): the accepted
+        prefix of its draft and the token after it, added to `output`. The rows of every sequence are processed as
+        one batch: one argmax over the greedy ones, one rejection-sampling pass over the sampled ones."""
+        seqs = [sched.sequences[s.seq_id] for s, _ in verifying]
+        rows = [
+            seq.sampling_row(s.draft.token_ids[:i])
+            for seq, (s, _) in zip(seqs, verifying)
+            for i in range(s.num_spec_tokens + 1)
+        ]
         processed = self.sampler.process_logits(
             torch.cat([logits[r : r + s.num_sampled_rows] for s, r in verifying]), rows
         )
-        greedy = [s.seq.params.greedy for s, _ in verifying]
+        greedy = [seq.params.greedy for seq in seqs]
         results = dict.fromkeys(range(len(verifying)))
         if any(greedy):
             argmax, first = argmax_rows(processed), 0
@@ -99,21 +108,21 @@ class SpeculativeDecoder:
             probs = self.sampler.probs(processed[sampled_rows], [rows[i] for i in sampled_rows])
             sampled = [i for i in range(len(verifying)) if not greedy[i]]
             drafts = [verifying[i][0].draft for i in sampled]
-            generators = [verifying[i][0].seq.generator for i in sampled]
+            generators = [seqs[i].generator for i in sampled]
             verified = verify_sampled(probs, [d.token_ids for d in drafts], [d.probs for d in drafts], generators)
             results.update(zip(sampled, verified))
-        for i, (s, row) in enumerate(verifying):
+        for i, ((s, row), seq) in enumerate(zip(verifying, seqs)):
             result = results[i]
-            output.sampled.append(SampledTokens(s.seq, result.tokens, list(range(row, row + len(result.tokens)))))
-            output.num_accepted[s.seq.seq_id] = result.num_accepted
-            self._observe(s.seq, len(s.draft.token_ids), result.num_accepted)
+            token_rows = list(range(row, row + len(result.tokens)))
+            output.sampled.append(SampledTokens(s.seq_id, result.tokens, token_rows, seq.num_tokens - 1))
+            output.num_accepted[s.seq_id] = result.num_accepted
+            self._observe(seq, len(s.draft.token_ids), result.num_accepted)
 
     def _observe(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
-        """The adaptive policy, the request's statistics and the metrics learn how a verification went."""
+        """The adaptive policy and the metrics learn how a verification went (the request's statistics are the
+        scheduler's to count, from the step's accepted counts)."""
         if self.policy is not None:
             self.policy.observe(seq, num_drafted, num_accepted)
-        seq.request.stats.draft_tokens += num_drafted
-        seq.request.stats.accepted_tokens += num_accepted
         self.metrics.inc("llm_spec_decode_num_drafts_total")
         self.metrics.inc("llm_spec_decode_num_draft_tokens_total", num_drafted)
         self.metrics.inc("llm_spec_decode_num_accepted_tokens_total", num_accepted)

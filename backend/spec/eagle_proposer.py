@@ -18,8 +18,6 @@ request's own logit processing, and q goes to the rejection sampler unchanged.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from backend.core.request import Sequence
@@ -82,7 +80,7 @@ class EagleProposer(Proposer):
         self.recovery = FeatureRecovery(rows(recovery_rows), recovery_rows)
         self.window = self.head.shape.window
         self.sampler = sampler
-        self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Sequence -> _SeqState
+        self._states: dict[int, _SeqState] = {}  # seq_id -> its context, until it finishes
 
     def target_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's tied LM head rows of `ids` (its embedding's)."""
@@ -92,25 +90,30 @@ class EagleProposer(Proposer):
     def observe(self, output: ModelRunnerOutput) -> None:
         """Every sampled or verified row's feature, with the token chosen from it, joins its sequence's context."""
         picks = [
-            (s.seq, i, row, token) for s in output.sampled for i, (row, token) in enumerate(zip(s.rows, s.token_ids))
+            (s.seq_id, s.position + i, row, token)  # the row's position; the token goes at the next one
+            for s in output.sampled
+            for i, (row, token) in enumerate(zip(s.rows, s.token_ids))
         ]
         if not picks or output.logits is None:
             return
         features = self.recovery(output.logits[[row for _, _, row, _ in picks]].float())
         finite = torch.isfinite(features).all(-1).tolist()  # a grammar-masked row: no feature from it
-        for (seq, i, _, token), feature, ok in zip(picks, features, finite):
-            state = self._states.get(seq)
+        for (seq_id, position, _, token), feature, ok in zip(picks, features, finite):
+            state = self._states.get(seq_id)
             if state is None:
-                state = self._states[seq] = _SeqState()
+                state = self._states[seq_id] = _SeqState()
             if not ok:
-                self._states[seq] = _SeqState()
+                self._states[seq_id] = _SeqState()
                 continue
-            position = seq.num_tokens - 1 + i  # the row's position; the token goes at the next one
             if state.last is not None and position <= state.last[0]:  # recomputed (preempted): start again
-                state = self._states[seq] = _SeqState()
+                state = self._states[seq_id] = _SeqState()
             state.pending.append((position, feature, token))
             del state.pending[: -self.window]
             state.last = (position, token)
+
+    def finish(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self._states.pop(seq.seq_id, None)
 
     # ---- drafting ----------------------------------------------------------------------------------------
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Draft]:
@@ -118,7 +121,7 @@ class EagleProposer(Proposer):
             return [self._propose(seq, k) for seq, k in requests]
 
     def _propose(self, seq: Sequence, k: int) -> Draft:
-        state = self._states.get(seq)
+        state = self._states.get(seq.seq_id)
         if state is None or not state.pending or state.last != (seq.num_tokens - 2, seq.token_ids[-1]):
             return Draft([])  # no feature of the last verified position (e.g. recomputed after preemption)
         head = self.head

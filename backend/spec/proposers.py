@@ -1,7 +1,9 @@
 """Draft proposers for speculative decoding, behind one small interface.
 
 A proposer returns a `Draft` per sequence: at most the k tokens asked for and, when they are sampled from a
-distribution, those distributions ([k, V]; None means a deterministic draft, one-hot q).
+distribution, those distributions ([k, V]; None means a deterministic draft, one-hot q). It reads the sequences and
+changes none: what a draft model's KV now covers goes back in the draft (`Draft.draft_num_computed`), for
+`Scheduler.update_from_output` to record.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ class Proposer:
         """Mirror the target's copy-on-write block copies in the proposer's own KV cache, if any."""
 
     def observe(self, output) -> None:
-        """What a step's target pass produced (its logits, the tokens each sequence got from them), for a proposer
-        that drafts from the target's own state (`eagle_proposer.py`)."""
+        """What a step's target pass produced (its logits, the tokens each sequence got from them, by seq_id), for a
+        proposer that drafts from the target's own state (`eagle_proposer.py`)."""
 
     def finish(self, seqs: list[Sequence]) -> None:
         """These sequences are done (finished or aborted): learn from their output, drop their state."""
@@ -55,7 +57,7 @@ class NgramProposer(Proposer):
 class DraftModelProposer(Proposer):
     """A smaller (or lower-precision) model with its own paged KV cache, addressed by the target's block
     tables. It catches up on the tokens it has not seen (prompt chunks, accepted tokens) in its first pass
-    of a step, then drafts one token per pass."""
+    of a step, then drafts one token per pass; each draft says how far its KV then reaches."""
 
     def __init__(self, runner: ModelRunner, sampler: Sampler):
         self.runner = runner
@@ -67,6 +69,7 @@ class DraftModelProposer(Proposer):
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[Draft]:
         tokens = {seq.seq_id: [] for seq, _ in requests}
         probs = {seq.seq_id: [] for seq, _ in requests}
+        computed = {seq.seq_id: seq.draft_num_computed for seq, _ in requests}
         active = list(requests)
         items = [
             ForwardItem(seq.token_ids[seq.draft_num_computed :], seq.draft_num_computed, seq.block_table, 1)
@@ -85,13 +88,17 @@ class DraftModelProposer(Proposer):
             still, items = [], []
             for (seq, k), row, token in zip(active, rows, chosen):
                 context = row.context
-                seq.draft_num_computed = len(context)  # the draft's KV now covers every token so far
+                computed[seq.seq_id] = len(context)  # the draft's KV now covers every token so far
                 tokens[seq.seq_id].append(token)
                 if len(tokens[seq.seq_id]) < k:
                     still.append((seq, k))
                     items.append(ForwardItem([token], len(context), seq.block_table, 1))
             active = still
         return [
-            Draft(tokens[seq.seq_id], torch.stack(probs[seq.seq_id]) if probs[seq.seq_id] else None)
+            Draft(
+                tokens[seq.seq_id],
+                torch.stack(probs[seq.seq_id]) if probs[seq.seq_id] else None,
+                computed[seq.seq_id],
+            )
             for seq, _ in requests
         ]

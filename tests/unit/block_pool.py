@@ -10,7 +10,7 @@ from backend.core.client_request import ClientRequest
 from backend.core.request import Request, Sequence
 from backend.core.runner_output import ModelRunnerOutput
 from backend.core.scheduler import Scheduler
-from backend.core.scheduler_output import ScheduledSeq, SchedulerOutput
+from backend.core.scheduler_output import SchedulerOutput
 from backend.protocol.sampling_params import SamplingParams
 
 SIZE = 4
@@ -28,7 +28,8 @@ def compute(bm: BlockManager, seq: Sequence, n: int | None = None) -> None:
     step (computed count, full blocks registered)."""
     n = seq.num_uncomputed_tokens if n is None else n
     assert bm.allocate(seq, n)
-    step = SchedulerOutput([ScheduledSeq(seq, n)])
+    step = SchedulerOutput()
+    step.add(seq, n)
     Scheduler(bm, max_num_seqs=1, max_num_batched_tokens=n).update_from_output(step, ModelRunnerOutput(), None)
 
 

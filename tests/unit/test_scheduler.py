@@ -37,33 +37,33 @@ def never_stops(seq, token_id, logits, row, entry):
 
 
 def run(sched: Scheduler, out, token: int = 7, stop_rule=never_stops):
-    """The step as the engine ends it: the model chose `token` for every sequence that samples (and for the
-    parallel samples it forks), and the scheduler applies that."""
-    assert all(item.seq.status == SequenceStatus.RUNNING for item in out.scheduled)
-    sampled = [
-        SampledTokens(member, [token], [0])
-        for item in out.scheduled
-        if item.samples
-        for member in [item.seq, *sched.unforked(item.seq)]
-    ]
+    """The step as the engine ends it: the model chose `token` for every sequence the schedule says draws one (the
+    parallel samples forked from a row included), and the scheduler applies that."""
+    assert all(out.sequences[item.seq_id].status == SequenceStatus.RUNNING for item in out.scheduled)
+    sampled = [SampledTokens(seq_id, [token], [0], out.sequences[seq_id].num_tokens - 1) for seq_id, _ in out.draws]
     sched.update_from_output(out, ModelRunnerOutput(torch.zeros(1, 1), sampled), stop_rule)
 
 
 def names(out):
-    return [(s.seq.request.request_id, s.num_new_tokens) for s in out.scheduled]
+    return [(out.sequences[s.seq_id].request.request_id, s.num_new_tokens) for s in out.scheduled]
 
 
 def test_scheduled_seq_fields():
     seq = new_seq(10, "a")
-    item = ScheduledSeq(seq, 4)
+    item = ScheduledSeq.of(seq, 4)
     assert item.start == 0 and item.is_prefill and not item.samples
+    assert item.token_ids == [0, 1, 2, 3] and item.sample_ids == ()
     seq.num_computed_tokens = 6
-    item = ScheduledSeq(seq, 4)
+    item = ScheduledSeq.of(seq, 4)
     assert item.start == 6 and item.is_prefill and item.samples
+    assert item.sample_ids == (seq.seq_id,)
     seq.token_ids.append(1)
     seq.num_computed_tokens = 10
-    item = ScheduledSeq(seq, 3, num_spec_tokens=2)
+    item = ScheduledSeq.of(seq, 3, num_spec_tokens=2)
     assert not item.is_prefill and item.samples
+    assert item.token_ids == [1] and item.num_sampled_rows == 3
+    seq.token_ids.append(2)
+    assert item.token_ids == [1]  # fixed when scheduled: the sequence's later tokens do not change it
 
 
 def test_single_prompt_fits_in_one_step():
@@ -222,6 +222,8 @@ def test_parallel_samples_reserve_sequence_slots():
     assert names(out) == [("p", 5), ("q", 5)]
     assert sched.reserved_slots == 2
     assert sched.unforked(parent) == parent.request.sequences[1:]
+    # the schedule lists every draw: the parallel samples take a token from their parent's row
+    assert out.draws == [(s.seq_id, 0) for s in parent.request.sequences] + [(other.seq_id, 1)]
     run(sched, out, token=8)  # the children sample from the parent's row, then share its blocks
     children = parent.request.sequences[1:]
     assert all(child.token_ids[-1] == 8 and child.block_table == parent.block_table for child in children)
@@ -339,15 +341,16 @@ def test_a_verified_draft_keeps_its_accepted_tokens_kv_and_registers_the_blocks_
     sched.add(seq)
     run(sched, sched.schedule(), token=60)  # 7 tokens, 6 computed
     out = sched.schedule(num_spec_tokens=lambda s: 3)
-    drafts = Draft([61, 62, 63])
+    drafts = Draft([61, 62, 63], draft_num_computed=9)  # a draft model's KV after drafting: up to token 62
     out = out.with_drafts({seq.seq_id: drafts})
     assert out.scheduled[0].token_ids == [60, 61, 62, 63] and out.scheduled[0].num_sampled_rows == 4
     # the target accepted 2 of the 3 drafts, then chose 70
-    result = SampledTokens(seq, [61, 62, 70], [0, 1, 2])
+    result = SampledTokens(seq.seq_id, [61, 62, 70], [0, 1, 2], 6)
     output = ModelRunnerOutput(torch.zeros(4, 1), [result], num_accepted={seq.seq_id: 2})
     sched.update_from_output(out, output, never_stops)
     assert seq.token_ids == list(range(6)) + [60, 61, 62, 70]
     assert seq.num_computed_tokens == 9  # the rejected draft's KV is dropped, and its block slot
+    assert seq.draft_num_computed == 9 and (seq.request.stats.draft_tokens, seq.request.stats.accepted_tokens) == (3, 2)
     assert len(seq.block_table) == bm.blocks_needed(9)
     # the second block (tokens 4-7) is full of computed tokens, two of them accepted drafts: registered with them
     assert bm.match_prefix(seq.token_ids) == seq.block_table[:2]
@@ -403,7 +406,7 @@ def test_random_workloads_respect_limits_and_finish(
         left = [s.priority for s in queued if s.status == SequenceStatus.WAITING]
         assert not admitted or not left or max(admitted) <= min(left)
         assert [s.priority for s in sched.waiting] == sorted(s.priority for s in sched.waiting)
-        ids = [s.seq.seq_id for s in out.scheduled]
+        ids = [s.seq_id for s in out.scheduled]
         assert len(ids) == len(set(ids))
         assert out.num_batched_tokens <= budget
         assert all(s.num_new_tokens > 0 for s in out.scheduled)
@@ -411,9 +414,9 @@ def test_random_workloads_respect_limits_and_finish(
         assert not {s.seq_id for s in out.preempted} & set(ids)
         assert all(s.status == SequenceStatus.WAITING for s in out.preempted)
         for item in out.scheduled:
-            assert len(item.seq.block_table) >= bm.blocks_needed(item.start + item.num_new_tokens)
+            assert len(out.sequences[item.seq_id].block_table) >= bm.blocks_needed(item.start + item.num_new_tokens)
         run(sched, out, stop_rule=stops_at_max_tokens)
-        finished |= {item.seq.seq_id for item in out.scheduled if item.seq.is_finished}
+        finished |= {item.seq_id for item in out.scheduled if out.sequences[item.seq_id].is_finished}
         held = {b for s in sched.running for b in s.block_table}
         assert bm.num_used_blocks == len(held)  # only running sequences hold blocks
         assert all(not s.block_table for s in sched.waiting)

@@ -5,6 +5,7 @@ that breaks the grammar never gets through), and a seeded constrained request re
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from types import SimpleNamespace
@@ -257,10 +258,18 @@ def expected_mask(language: set[str], text: str) -> set[int]:
 
 
 def scheduled(matcher, drafts=()):
-    """What mask_logits reads of a scheduled sequence that samples (k draft tokens: k + 1 rows)."""
+    """What mask_logits reads of a scheduled sequence that samples (k draft tokens: k + 1 rows), and the sequence
+    (`seq`) its id names."""
     return SimpleNamespace(
-        seq=SimpleNamespace(matcher=matcher), samples=True, draft=Draft(list(drafts)), num_sampled_rows=len(drafts) + 1
+        seq_id=next(_seq_ids),
+        seq=SimpleNamespace(matcher=matcher),
+        samples=True,
+        draft=Draft(list(drafts)),
+        num_sampled_rows=len(drafts) + 1,
     )
+
+
+_seq_ids = itertools.count()
 
 
 def allowed_rows(logits: torch.Tensor) -> list[set[int]]:
@@ -298,7 +307,7 @@ def test_masks_allow_exactly_the_grammars_next_tokens(small_vocab, values):
     )
     logits = torch.randn(1 + len(states) + len(drafts) + 1, len(SMALL_TOKENS))
     unconstrained = logits[0].clone()
-    structured.mask_logits(SchedulerOutput(batch), logits)
+    structured.mask_logits(SchedulerOutput(batch, sequences={s.seq_id: s.seq for s in batch}), logits)
     rows = allowed_rows(logits)
     assert torch.equal(logits[0], unconstrained)
     for i, consumed in enumerate(states):
