@@ -179,13 +179,13 @@ failover: venv model triton kernels weights haproxy
 deploy-check: venv
 	$(VENV_PY) -m deploy.check
 
-# The benchmark's peer (benchmarks/llama_cpp_build.py): needs cmake and a C++ compiler, installed where missing.
+# The benchmark's peer (benchmarks/core/llama_cpp_build.py): needs cmake and a C++ compiler, installed where missing.
 .PHONY: llama-cpp bench bench-kquant bench-sizes
 BENCH_ARGS ?=
 llama-cpp: venv
 	@command -v cmake >/dev/null || { $(call apt-install,cmake,make llama-cpp); }
 	@command -v c++ >/dev/null || { $(call apt-install,g++,make llama-cpp); }
-	$(VENV_PY) -m benchmarks.llama_cpp_build
+	$(VENV_PY) -m benchmarks.core.llama_cpp_build
 
 bench: venv model triton kernels weights llama-cpp
 	$(VENV)/bin/llm-bench $(BENCH_ARGS)
@@ -194,14 +194,14 @@ bench: venv model triton kernels weights llama-cpp
 # Q4_K_M), served straight from the file by us and loaded by llama-bench / llama-server.
 KQUANT ?= Q4_K_M
 bench-kquant: venv model triton kernels llama-cpp
-	file=$$($(VENV_PY) -m benchmarks.llama_cpp_build --quantize $(KQUANT) | tail -1); \
+	file=$$($(VENV_PY) -m benchmarks.core.llama_cpp_build --quantize $(KQUANT) | tail -1); \
 	$(VENV)/bin/llm-bench --only 6 --model "$$file" --gguf "$$file" \
 	  --out benchmarks/results/$$(echo $(KQUANT) | tr A-Z a-z) $(BENCH_ARGS)
 
-# Real model sizes (benchmarks/model_sizes.py): files generated once into .cache/llama.cpp/models.
+# Real model sizes (benchmarks/tools/model_sizes.py): files generated once into .cache/llama.cpp/models.
 SIZES_ARGS ?=
 bench-sizes: venv triton kernels llama-cpp
-	$(VENV_PY) -m benchmarks.model_sizes $(SIZES_ARGS)
+	$(VENV_PY) -m benchmarks.tools.model_sizes $(SIZES_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TRITON_DIR) .cache .pytest_cache

@@ -3,7 +3,8 @@
     llm-bench [--out benchmarks/results] [--only 1,2,3,4,5,6,7,8,9] [--quick] [--threads N]
                                [--llama-cpp-dir DIR] [--no-server]
 
-Sections (all run by default; `--only` picks some), one module each, whose `run(bench)` gets context.py's `Bench`:
+Sections (all run by default; `--only` picks some), one module each in benchmarks/sections/, whose `run(bench)`
+gets core/context.py's `Bench`:
 
   1. seed_workload.py: the seed workload (32 prompts with their own max_tokens, batch size 8): static batching
      with Hugging Face `generate` against our engine through Triton (max_num_seqs 8), both in the served
@@ -54,10 +55,18 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import (
+from benchmarks.core import llama_cpp_build
+from benchmarks.core.context import Bench
+from benchmarks.core.machine import machine_info
+from benchmarks.core.progress import log
+from benchmarks.core.report import write_report
+from benchmarks.core.server import Server
+from benchmarks.core.settings import make_settings
+from benchmarks.core.targets import DECODE_PROFILE, GOALS
+from benchmarks.core.variants import BF16_INT4_MODEL, FP32_MODEL, MAIN_MODEL, SEED_MODEL, THREADS_MODELS
+from benchmarks.sections import (
     decode_profile,
     kernels_threads,
-    llama_cpp_build,
     load_curve,
     roofline,
     seed_workload,
@@ -67,14 +76,6 @@ from benchmarks import (
     vs_llama_cpp,
     vs_transformers,
 )
-from benchmarks.context import Bench
-from benchmarks.machine import machine_info
-from benchmarks.progress import log
-from benchmarks.report import write_report
-from benchmarks.server import Server
-from benchmarks.settings import make_settings
-from benchmarks.targets import DECODE_PROFILE, GOALS
-from benchmarks.variants import BF16_INT4_MODEL, FP32_MODEL, MAIN_MODEL, SEED_MODEL, THREADS_MODELS
 from launcher.paths import MODEL_DIR, REPO_ROOT
 
 SECTIONS = {

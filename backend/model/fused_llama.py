@@ -210,7 +210,7 @@ class FusedLlama:
         product) between the four projections. `_forward_native` makes the same calls in one native call; this
         loop serves the short steps the stack does not take (forward_plan.py: LoRA rows, more rows than the stack
         takes, projections not all on the low-bit kernel, rotary tables computed per step), and it is the stack's
-        reference and what the decode profile (benchmarks/decode_profile.py) times op by op."""
+        reference and what the decode profile (benchmarks/sections/decode_profile.py) times op by op."""
         ops, eps = self.ops, self.eps
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, positions)

@@ -1,8 +1,8 @@
-"""benchmarks/half_checkpoint.py on its tiny shape: the bf16 folder it writes is a 16-bit checkpoint the engine
+"""benchmarks/tools/half_checkpoint.py on its tiny shape: the bf16 folder it writes is a 16-bit checkpoint the engine
 serves from its files, and a measured row reaches the report."""
 
 from backend.model import model_source
-from benchmarks import half_checkpoint, shaped_models
+from benchmarks.tools import half_checkpoint, shaped_models
 from tests.unit.conftest import SMOL_DIR
 
 

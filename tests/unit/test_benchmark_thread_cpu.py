@@ -1,4 +1,4 @@
-"""benchmarks/thread_cpu.py: a server's CPU split by the names its threads carry, measured from /proc on a real
+"""benchmarks/core/thread_cpu.py: a server's CPU split by the names its threads carry, measured from /proc on a real
 child process named as Triton's Python stub is, with a busy kernel worker and an idle output sender."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from benchmarks import thread_cpu
+from benchmarks.core import thread_cpu
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
 

@@ -1,8 +1,8 @@
-"""benchmarks/verify_rows.py on a tiny model: every row count is timed on both clocks and the table gives the
+"""benchmarks/tools/verify_rows.py on a tiny model: every row count is timed on both clocks and the table gives the
 extra row's cost against the one-row step."""
 
 from backend.model.runner import ModelRunner
-from benchmarks import verify_rows
+from benchmarks.tools import verify_rows
 
 
 def test_each_row_count_is_timed_and_tabled(tiny_model_factory):

@@ -16,11 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import llama_cpp_build, roofline, threads_in_process, vs_llama_cpp
-from benchmarks.common import LoadResult
-from benchmarks.context import Bench
-from benchmarks.settings import make_settings
-from benchmarks.variants import MAIN_MODEL
+from benchmarks.core import llama_cpp_build
+from benchmarks.core.common import LoadResult
+from benchmarks.core.context import Bench
+from benchmarks.core.settings import make_settings
+from benchmarks.core.variants import MAIN_MODEL
+from benchmarks.sections import roofline, threads_in_process, vs_llama_cpp
 from tests.conftest import machine_lacks
 
 FAKE_DECODE_TOK_S = 100.0
@@ -277,8 +278,8 @@ def test_section_7_measures_the_kernels_distance_to_the_exact_product():
     """The kernel regroups its sums; section 7 reports its error and torch fp32's against float64, per layer."""
     from backend.model import kernels
     from backend.model.linear import make_linear
-    from benchmarks import kernels_threads
-    from benchmarks.kernels_threads import exactness_rows
+    from benchmarks.sections import kernels_threads
+    from benchmarks.sections.kernels_threads import exactness_rows
     from tests.unit.test_lowbit_kernels import random_blocks
 
     if kernels.best_isa() == 0:
@@ -351,8 +352,8 @@ def test_the_k_quant_file_is_made_once_by_the_builds_llama_quantize(tmp_path, mo
 
 
 def test_the_roofline_summary_counts_the_low_bit_kernel_as_matmuls():
-    from benchmarks.decode_profile import LOWBIT_MATMUL, MATMUL
-    from benchmarks.roofline import _profile_summary
+    from benchmarks.sections.decode_profile import LOWBIT_MATMUL, MATMUL
+    from benchmarks.sections.roofline import _profile_summary
 
     data = {1: {"fraction": 0.45, "bound": "memory", "linear_only_ms": 5.6, "step_ms": 7.3}}
     profiles = {1: {"step_ms": 10.0, "categories": {LOWBIT_MATMUL: 5.0, MATMUL: 1.0, "sampling": 4.0}}}

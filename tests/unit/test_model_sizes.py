@@ -1,5 +1,5 @@
-"""benchmarks/shaped_models.py and benchmarks/model_sizes.py on the tiny shape: the generated file is a llama
-GGUF that transformers and our loader read alike, and the sizes benchmark's measuring and reporting code runs."""
+"""benchmarks/tools/shaped_models.py and benchmarks/tools/model_sizes.py on the tiny shape: the generated file is a
+llama GGUF that transformers and our loader read alike, and the sizes benchmark's measuring and reporting code runs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from benchmarks import model_sizes, shaped_models
-from benchmarks.common import LoadResult
+from benchmarks.core.common import LoadResult
+from benchmarks.tools import model_sizes, shaped_models
 from testkit.tiny_gguf import smollm2_gguf
 
 

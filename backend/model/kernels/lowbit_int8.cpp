@@ -1,7 +1,7 @@
 // The optional fast numerics of `quantization: gguf_int8`, never the default: Q4_1 weights times activations
 // rounded to int8 per block of 32 inputs (llama.cpp's Q8_1 idea), with integer products. Not the fp32 model:
 // each activation is rounded to 1/127 of its block's largest magnitude (about 0.4 % of it), so outputs differ
-// from the exact path by far more than a summation order; benchmarks/fidelity.py measures how often greedy
+// from the exact path by far more than a summation order; benchmarks/tools/fidelity.py measures how often greedy
 // tokens still agree. The m term uses the exact fp32 sum of the block's activations.
 //
 // Per block and output row: d * dx * sum(q * qx) + m * sum(x), where q in 0..15 are the weight's nibbles, qx in

@@ -7,7 +7,7 @@ Every `--every`-th request is a "high" one (priority -1 in the priority run, the
 rest 0 in both); `--streams` closed-loop clients keep that many requests in flight, more than `max_num_seqs`, so a
 queue forms, and the KV cache holds fewer tokens than the running batch grows to, so sequences are preempted.
 
-    python benchmarks/priority_load.py [--model DIR] [--requests 64] [--every 8] [--streams 24] [--max-tokens 32]
+    python benchmarks/tools/priority_load.py [--model DIR] [--requests 64] [--every 8] [--streams 24] [--max-tokens 32]
                                        [--max-num-seqs 8] [--kv-cache-blocks 12] [--runs 2] [--set KEY=VALUE]
 """
 
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from backend import EngineConfig, LLMEngine
 from backend.model.hardware import cpu_flags_of_this_machine
-from benchmarks.common import PROMPTS, machine_description, median, run_engine_requests
+from benchmarks.core.common import PROMPTS, machine_description, median, run_engine_requests
 from launcher.model_config import read_parameters
 from launcher.paths import MODEL_DIR
 
-RESULTS = Path(__file__).resolve().parent / "results" / "priority.md"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "priority.md"
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 
@@ -91,9 +91,10 @@ def render(args, rows: dict[str, list[dict]], preemptions: dict[str, int], secon
     lines = [
         "# Request priority under saturation",
         "",
-        f"`python benchmarks/priority_load.py` ({seconds:.0f} s): in-process engine, the served configuration "
+        f"`python benchmarks/tools/priority_load.py` ({seconds:.0f} s): in-process engine, the served configuration "
         f"with max_num_seqs {args.max_num_seqs} and {args.kv_cache_blocks} KV blocks; {args.requests} requests "
-        f"(the {len(PROMPTS)} prompts of benchmarks/common.py), greedy, ignore_eos, {args.max_tokens} tokens each, "
+        f"(the {len(PROMPTS)} prompts of benchmarks/core/common.py), greedy, ignore_eos, {args.max_tokens} tokens "
+        "each, "
         f"{args.streams} in flight; every {args.every}th request is high-priority (priority -1; 0 in the run "
         f"without priorities). Medians over {args.runs} runs of each, taking turns. {machine_description()}.",
         "",

@@ -4,7 +4,7 @@ AIPerf pins packages that clash with the project's, so it lives in a virtual env
 requirements.txt; this script creates it when missing:
 
     python3.11 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0
-    .venv/bin/python benchmarks/aiperf_run.py [--aiperf /tmp/aiperf-venv/bin/aiperf] [--concurrency 1 8 32]
+    .venv/bin/python benchmarks/tools/aiperf_run.py [--aiperf /tmp/aiperf-venv/bin/aiperf] [--concurrency 1 8 32]
 
 It starts tritonserver with the default model repository and the front door (the launcher) on free ports,
 runs `aiperf profile --endpoint-type chat --streaming --use-server-token-count` once per concurrency (synthetic
@@ -120,7 +120,7 @@ def report(runs: dict[int, dict], args, cores: dict[int, float], scraped: dict[i
     lines = [
         "# AIPerf against the OpenAI front door",
         "",
-        f"`benchmarks/aiperf_run.py` on {datetime.date.today().isoformat()}: AIPerf {AIPERF_VERSION} "
+        f"`benchmarks/tools/aiperf_run.py` on {datetime.date.today().isoformat()}: AIPerf {AIPERF_VERSION} "
         f"(its own virtual environment), `--endpoint-type chat --streaming --use-server-token-count`, "
         f"synthetic prompts of {args.isl} tokens, {args.osl} output tokens (`ignore_eos`, greedy), the model "
         "folder's tokenizer; tritonserver with the default model repository and the front door, on this "

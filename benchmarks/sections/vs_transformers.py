@@ -9,14 +9,14 @@ import time
 import torch
 
 from backend.model.hardware import native_bf16
-from benchmarks.common import PROMPTS, LoadResult
-from benchmarks.context import Bench
-from benchmarks.formatting import load_summary, versus_row
-from benchmarks.plots import paired_bars
-from benchmarks.progress import log
-from benchmarks.settings import largest, throughput_requests
-from benchmarks.targets import GOALS
-from benchmarks.variants import FP32_MODEL, MAIN_MODEL, engine_parameters, resolved_dtype
+from benchmarks.core.common import PROMPTS, LoadResult
+from benchmarks.core.context import Bench
+from benchmarks.core.formatting import load_summary, versus_row
+from benchmarks.core.plots import paired_bars
+from benchmarks.core.progress import log
+from benchmarks.core.settings import largest, throughput_requests
+from benchmarks.core.targets import GOALS
+from benchmarks.core.variants import FP32_MODEL, MAIN_MODEL, engine_parameters, resolved_dtype
 
 TITLE = "Output tokens/s: our engine through Triton vs transformers continuous batching"
 
@@ -118,7 +118,7 @@ def run(bench: Bench) -> list[str]:
             data[label][c] = {"ours": load_summary(ours), "transformers_cb": load_summary(hf), "ratio": ratio}
     bench.results["sections"]["2"] = data
     lines = [
-        f"Prompts: benchmarks/common.py PROMPTS (8, cycled); every request {s.max_tokens} output tokens "
+        f"Prompts: benchmarks/core/common.py PROMPTS (8, cycled); every request {s.max_tokens} output tokens "
         "(ignore_eos; eos_token_id=-1 for transformers), greedy. transformers: `model.init_continuous_batching()` "
         "(ContinuousBatchingManager, sdpa attention, max_requests_per_batch 32, max_batch_tokens 512: the same "
         "limits as our engine) on the model loaded in the row's dtype (the same fp32 checkpoint the server "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.common import LoadResult
+from benchmarks.core.common import LoadResult
 from testkit.stats import percentile
 
 

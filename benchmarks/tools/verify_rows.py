@@ -1,7 +1,7 @@
 """What a verified draft token costs the target: the served model's step for one sequence at 1, 2, 3, 5 and 9 rows
 (a decode verifying 0, 1, 2, 4 and 8 drafts), against the one-row step, in the same process and interleaved.
 
-    python -m benchmarks.verify_rows [--model DIR] [--quantization gguf] [--context 256] [--repeats 40]
+    python -m benchmarks.tools.verify_rows [--model DIR] [--quantization gguf] [--context 256] [--repeats 40]
 
 Speculation gains only what a verified row costs less than a plain step: with per-token acceptance a and a row
 costing r one-row steps, a one-token draft pays when a > r. The figure for `spec_row_cost` (draft_model `auto`)
@@ -15,7 +15,7 @@ import argparse
 import time
 
 from backend.model.runner import ForwardItem, ModelRunner
-from benchmarks.common import machine_description, median
+from benchmarks.core.common import machine_description, median
 from launcher.paths import MODEL_DIR
 
 ROWS = (1, 2, 3, 5, 9)

@@ -7,13 +7,13 @@ import math
 import os
 import statistics
 
-from benchmarks import thread_cpu
-from benchmarks.common import LoadResult
-from benchmarks.context import Bench
-from benchmarks.formatting import ms
-from benchmarks.plots import paired_bars
-from benchmarks.progress import log
-from benchmarks.targets import GOALS, TRITON_STEPS
+from benchmarks.core import thread_cpu
+from benchmarks.core.common import LoadResult
+from benchmarks.core.context import Bench
+from benchmarks.core.formatting import ms
+from benchmarks.core.plots import paired_bars
+from benchmarks.core.progress import log
+from benchmarks.core.targets import GOALS, TRITON_STEPS
 from testkit.stats import percentile
 
 TITLE = "Triton path overhead: in-process engine vs through Triton"
@@ -54,7 +54,7 @@ def run(bench: Bench) -> list[str]:
     bench.bounds[TRITON_STEPS] = steps_table(data)
     lines = [
         f"The workloads of section 2 ({s.max_tokens} tokens per request), our engine with the served parameters "
-        "(model_repository/llm/config.pbtxt, same thread count) driven in-process by benchmarks/common.py "
+        "(model_repository/llm/config.pbtxt, same thread count) driven in-process by benchmarks/core/common.py "
         f"`run_engine_requests`, against through tritonserver with gRPC streaming clients. Medians of {s.repeats} "
         f"interleaved run(s) per path. Overhead = in-process tok/s / Triton tok/s - 1 (P7 target "
         f"{GOALS['P7'].text} at every level). The Triton side includes the client threads, which share the "

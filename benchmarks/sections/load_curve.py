@@ -3,11 +3,11 @@ past max_num_seqs."""
 
 from __future__ import annotations
 
-from benchmarks.context import Bench
-from benchmarks.formatting import load_summary, ms
-from benchmarks.progress import log
-from benchmarks.settings import throughput_requests
-from benchmarks.variants import MAIN_MODEL, engine_parameters
+from benchmarks.core.context import Bench
+from benchmarks.core.formatting import load_summary, ms
+from benchmarks.core.progress import log
+from benchmarks.core.settings import throughput_requests
+from benchmarks.core.variants import MAIN_MODEL, engine_parameters
 
 TITLE = "Cost as load grows"
 
@@ -30,7 +30,7 @@ def run(bench: Bench) -> list[str]:
     return [
         f"Our engine through Triton (`{MAIN_MODEL}`, the served configuration, max_num_seqs {max_seqs}), gRPC "
         f"streaming clients, each stream sending its next request as soon as the last one ended; {s.max_tokens} "
-        "output tokens per request, prompts from benchmarks/common.py. ITL per GenAI-Perf: the gap between two "
+        "output tokens per request, prompts from benchmarks/core/common.py. ITL per GenAI-Perf: the gap between two "
         "responses divided by the tokens in the later one. Percentiles over every request (TTFT) or gap (ITL) "
         "of the level.",
         "",

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import launcher
-from benchmarks import llama_cpp_build
-from benchmarks.common import PROMPTS, LoadResult, run_closed_loop
-from benchmarks.context import Bench
-from benchmarks.formatting import load_summary, versus_row
-from benchmarks.plots import paired_bars
-from benchmarks.progress import log
-from benchmarks.settings import largest, throughput_requests
-from benchmarks.targets import GOALS
-from benchmarks.variants import MAIN_MODEL
+from benchmarks.core import llama_cpp_build
+from benchmarks.core.common import PROMPTS, LoadResult, run_closed_loop
+from benchmarks.core.context import Bench
+from benchmarks.core.formatting import load_summary, versus_row
+from benchmarks.core.plots import paired_bars
+from benchmarks.core.progress import log
+from benchmarks.core.settings import largest, throughput_requests
+from benchmarks.core.targets import GOALS
+from benchmarks.core.variants import MAIN_MODEL
 
 TITLE = "llama.cpp: batch-1 decode (llama-bench) and concurrent streams (llama-server) vs ours through Triton"
 SERVER_CONTEXT, SERVER_SLOTS = 8192, 32  # llama-server -c / -np: 256 tokens of context per slot
@@ -344,7 +344,7 @@ def run(bench: Bench) -> list[str]:
         f"Concurrent streams: `{server.command} --port <free port>` (continuous batching on, its default; "
         f"{SERVER_CONTEXT // SERVER_SLOTS} tokens of context per slot) fed streaming `/completion` requests "
         "(temperature 0, ignore_eos, n_predict = max_tokens) by the same closed-loop client as our Triton runs "
-        f"(benchmarks/common.py `run_closed_loop`, one thread per stream), the same prompts, "
+        f"(benchmarks/core/common.py `run_closed_loop`, one thread per stream), the same prompts, "
         f"{s.max_tokens} output tokens per request; ours through tritonserver with gRPC streaming. P9: the ratio "
         f"at {largest(s.concurrency, 32)} streams (target {GOALS['P9'].text}). {server_note}",
         "",

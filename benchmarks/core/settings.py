@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.common import PROMPTS, SEED_WORKLOAD
+from benchmarks.core.common import PROMPTS, SEED_WORKLOAD
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 

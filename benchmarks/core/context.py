@@ -1,5 +1,5 @@
 """`Bench`, the context each section module's `run(bench)` gets: the run's settings and output folder, the live
-server (benchmarks/server.py), the in-process engines and Hugging Face models, the runs several sections share,
+server (benchmarks/core/server.py), the in-process engines and Hugging Face models, the runs several sections share,
 and the measurements recorded against their targets."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from benchmarks.common import PROMPTS, LoadResult, measure_ceilings, run_engine_requests
-from benchmarks.hf_model import load_hf
-from benchmarks.progress import log
-from benchmarks.settings import GREEDY, Settings, throughput_requests
-from benchmarks.targets import GOALS
-from benchmarks.variants import MAIN_MODEL, engine_parameters
+from benchmarks.core.common import PROMPTS, LoadResult, measure_ceilings, run_engine_requests
+from benchmarks.core.hf_model import load_hf
+from benchmarks.core.progress import log
+from benchmarks.core.settings import GREEDY, Settings, throughput_requests
+from benchmarks.core.targets import GOALS
+from benchmarks.core.variants import MAIN_MODEL, engine_parameters
 
 if TYPE_CHECKING:
-    from benchmarks.server import Server
+    from benchmarks.core.server import Server
 
 
 class Bench:

@@ -5,7 +5,7 @@ greedy completion is identical to Hugging Face's in the same dtype up to its fir
 the two tokens are a near-tie: each among the other side's top-5 candidates, and on each side their logits less
 than `MAX_LOGIT_GAP` apart. (bf16 logits near 16 are 0.125 apart, and three-way ties occur.)
 
-    python benchmarks/fidelity.py --dtype bfloat16 --quantization int4     # the 24-prompt set, in process
+    python benchmarks/tools/fidelity.py --dtype bfloat16 --quantization int4     # the 24-prompt set, in process
 
 It also measures batch invariance: how often a completion (greedy, and seeded sampling) differs between
 running alone and inside the busy batch of all 24.

@@ -7,10 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.common import SEED_SPEEDUP
-from benchmarks.context import Bench
-from benchmarks.targets import GOALS, SUMMARY_ORDER
-from benchmarks.variants import engine_parameters, resolved_dtype
+from benchmarks.core.common import SEED_SPEEDUP
+from benchmarks.core.context import Bench
+from benchmarks.core.targets import GOALS, SUMMARY_ORDER
+from benchmarks.core.variants import engine_parameters, resolved_dtype
 from launcher.paths import REPO_ROOT
 
 
@@ -115,7 +115,7 @@ NOTES = [
     "## Notes",
     "",
     "- Seed workload: the 32 (prompt, max_tokens) pairs and batch size 8 are listed in full in the seed "
-    "(section 8, `request_queue`) and copied verbatim into benchmarks/common.py SEED_WORKLOAD. The seed's "
+    "(section 8, `request_queue`) and copied verbatim into benchmarks/core/common.py SEED_WORKLOAD. The seed's "
     f"speed-up is its logged durations 88.22 s / 52.36 s = {SEED_SPEEDUP:.2f}x (quoted as 1.69x in the issue; "
     "its logs show 8 static batches and 64 completions, so it ran the queue twice: section 1 runs the 32 as "
     "listed and, by default, the queue twice). The seed's own static loop has a bug (`[p[0] for p in prompts]`); "

@@ -3,7 +3,7 @@ spread over several LoRA adapters (made by PEFT at start: random A and B, the gi
 in one process and one engine (the served configuration, LoRA on), the two workloads taking turns run by run so
 each ratio compares numbers taken at the same time on a noisy machine; medians over the runs.
 
-    python benchmarks/lora_streams.py [--model DIR] [--streams 32] [--adapters 4] [--rank 16] [--runs 3]
+    python benchmarks/tools/lora_streams.py [--model DIR] [--streams 32] [--adapters 4] [--rank 16] [--runs 3]
                                       [--max-tokens 64] [--set KEY=VALUE]
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from backend import EngineConfig, LLMEngine
 from backend.model.hardware import cpu_flags_of_this_machine
-from benchmarks.common import PROMPTS, machine_description, median, run_engine_requests
+from benchmarks.core.common import PROMPTS, machine_description, median, run_engine_requests
 from launcher.model_config import read_parameters
 from launcher.paths import MODEL_DIR
 

@@ -8,11 +8,11 @@ import contextlib
 import time
 import types
 
-from benchmarks.common import PROMPTS
-from benchmarks.context import Bench
-from benchmarks.progress import log
-from benchmarks.settings import GREEDY
-from benchmarks.targets import DECODE_PROFILE
+from benchmarks.core.common import PROMPTS
+from benchmarks.core.context import Bench
+from benchmarks.core.progress import log
+from benchmarks.core.settings import GREEDY
+from benchmarks.core.targets import DECODE_PROFILE
 
 
 def decode_setup(engine, batch: int, steps: int) -> None:

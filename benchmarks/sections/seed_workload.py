@@ -8,13 +8,13 @@ import time
 
 import torch
 
-from benchmarks.common import SEED_BATCH_SIZE, SEED_SPEEDUP
-from benchmarks.context import Bench
-from benchmarks.formatting import load_summary
-from benchmarks.progress import log
-from benchmarks.settings import seed_requests
-from benchmarks.targets import GOALS
-from benchmarks.variants import SEED_MODEL, resolved_dtype
+from benchmarks.core.common import SEED_BATCH_SIZE, SEED_SPEEDUP
+from benchmarks.core.context import Bench
+from benchmarks.core.formatting import load_summary
+from benchmarks.core.progress import log
+from benchmarks.core.settings import seed_requests
+from benchmarks.core.targets import GOALS
+from benchmarks.core.variants import SEED_MODEL, resolved_dtype
 
 TITLE = "Seed workload: static batching (HF generate) vs our engine through Triton"
 

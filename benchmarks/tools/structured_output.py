@@ -5,7 +5,7 @@ Every row sends the same chat prompts, greedy, `ignore_eos`, 64 tokens at most, 
 free text, a JSON schema (arrays of objects: long outputs) and a regular expression. A constrained stream ends
 when its grammar is complete, so the rows also give the mean output length.
 
-    python benchmarks/structured_output.py [--model DIR] [--dtype auto] [--quantization int4] [--max-tokens 64]
+    python benchmarks/tools/structured_output.py [--model DIR] [--dtype auto] [--quantization int4] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from backend import EngineConfig, LLMEngine, SamplingParams
-from benchmarks.common import PROMPTS, machine_description, run_engine
+from benchmarks.core.common import PROMPTS, machine_description, run_engine
 from launcher.paths import MODEL_DIR
 
-RESULTS = Path(__file__).resolve().parent / "results" / "structured_output.md"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "structured_output.md"
 SCHEMA = {
     "type": "array",
     "minItems": 3,

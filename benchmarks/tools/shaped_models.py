@@ -6,7 +6,7 @@ original's 128k). The file is written in F16 one tensor at a time (an 8B file ne
 quantized by llama.cpp's own `llama-quantize` into the kind asked for. Random weights are fine for speed and
 memory; their logits are flatter than a trained model's, so near-ties are common in fidelity checks.
 
-    python -m benchmarks.shaped_models 1b Q4_K_M     prints the path of the quantized file (made once, cached)
+    python -m benchmarks.tools.shaped_models 1b Q4_K_M     prints the path of the quantized file (made once, cached)
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 
 from backend.model.gguf_file import read_gguf
-from benchmarks import llama_cpp_build
+from benchmarks.core import llama_cpp_build
 
 
 @dataclass(frozen=True)

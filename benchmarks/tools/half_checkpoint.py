@@ -1,6 +1,6 @@
 """A Hugging Face checkpoint stored in bf16, served as it is stored: load time, resident memory and decode speed.
 
-For each size (benchmarks/shaped_models.py's Llama-3.2-1B / 3B / Llama-3.1-8B shapes, random weights, the shipped
+For each size (benchmarks/tools/shaped_models.py's Llama-3.2-1B / 3B / Llama-3.1-8B shapes, random weights, the shipped
 SmolLM2 tokenizer), a Hugging Face folder in bf16 safetensors (one file per layer, made once into the cache), loaded
 in a process of its own by the engine with the served configuration and each `quantization`:
 
@@ -13,7 +13,7 @@ Per row: seconds to load, peak resident memory (VmHWM) and resident after loadin
 the checkpoint's size on disk, and batch-1 decode tok/s (median step). Writes
 benchmarks/results/half_checkpoint/README.md and results.json, with the machine and its CPU flags.
 
-    python -m benchmarks.half_checkpoint [--sizes 1b,3b] [--out DIR]
+    python -m benchmarks.tools.half_checkpoint [--sizes 1b,3b] [--out DIR]
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import llama_cpp_build, shaped_models
-from benchmarks.machine import machine_info
+from benchmarks.core import llama_cpp_build
+from benchmarks.core.machine import machine_info
+from benchmarks.tools import shaped_models
 from launcher.paths import MODEL_DIR
 
-OUT = Path(__file__).resolve().parent / "results" / "half_checkpoint"
+OUT = Path(__file__).resolve().parents[1] / "results" / "half_checkpoint"
 QUANTIZATIONS = ("half", "none")
 DECODE_STEPS = 32
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -121,7 +122,7 @@ def _status_kib(key: str) -> int:
 def measure_child(folder: Path, quantization: str) -> dict:
     """In this process: load the engine on `folder` with `quantization`, then decode at batch 1."""
     from backend import EngineConfig, LLMEngine
-    from benchmarks.roofline import decode_rate
+    from benchmarks.sections.roofline import decode_rate
 
     started = time.perf_counter()
     engine = LLMEngine(EngineConfig(model=str(folder), quantization=quantization))
@@ -149,7 +150,7 @@ def measure(size: str) -> list[dict]:
         if quantization == "none" and 2 * disk > _available_bytes() * 0.8:
             rows.append({"size": size, "quantization": quantization, "skipped": "fp32 does not fit this machine"})
             continue
-        command = [sys.executable, "-m", "benchmarks.half_checkpoint", "--child", str(folder), quantization]
+        command = [sys.executable, "-m", "benchmarks.tools.half_checkpoint", "--child", str(folder), quantization]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{size} {quantization}: {done.stderr.strip().splitlines()[-1]}")
@@ -166,7 +167,7 @@ def _available_bytes() -> int:
 
 def report(rows: list[dict], machine: dict) -> str:
     lines = [
-        "# A bf16 checkpoint served as stored (`python -m benchmarks.half_checkpoint`)",
+        "# A bf16 checkpoint served as stored (`python -m benchmarks.tools.half_checkpoint`)",
         "",
         f"Machine: {machine['host_cpu']}, {machine['logical_cpus']} logical CPUs, {machine['memory_gib']} GiB, "
         f"load average at the start {machine['load_average_start']}; CPU flags: {' '.join(machine['cpu_flags'])}; "

@@ -1,5 +1,5 @@
 """Section 4: decode tokens/s against the machine's ceilings, for the bytes the served engine actually reads per
-step, and a torch.profiler breakdown of a decode step (benchmarks/decode_profile.py: the table that shows what
+step, and a torch.profiler breakdown of a decode step (benchmarks/sections/decode_profile.py: the table that shows what
 bounds a missed target)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import time
 
 import torch
 
-from benchmarks.common import measure_ceilings
-from benchmarks.context import Bench
-from benchmarks.decode_profile import LOWBIT_MATMUL, MATMUL, decode_setup, measure_profiles
-from benchmarks.progress import log
-from benchmarks.targets import DECODE_PROFILE, GOALS
+from benchmarks.core.common import measure_ceilings
+from benchmarks.core.context import Bench
+from benchmarks.core.progress import log
+from benchmarks.core.targets import DECODE_PROFILE, GOALS
+from benchmarks.sections.decode_profile import LOWBIT_MATMUL, MATMUL, decode_setup, measure_profiles
 
 TITLE = "Roofline: decode tokens/s against the machine's ceilings"
 

@@ -6,9 +6,9 @@ speculation off and, for each draft, at a fixed k and adaptive (`spec_adaptive`)
 take turns prompt by prompt, so each ratio compares numbers taken at the same time on a noisy machine, and every
 mode sees the agentic requests in the same order; the table shows medians over the runs.
 
-    python benchmarks/spec_decode.py [--model DIR] [--dtype D] [--quantization Q] [--draft ngram,suffix] [--k 4]
-                                     [--runs 3] [--max-tokens 128] [--concurrency 1] [--no-fixed]
-                                     [--workloads W,...] [--set KEY=VALUE]
+    python benchmarks/sections/spec_decode.py [--model DIR] [--dtype D] [--quantization Q] [--draft ngram,suffix]
+                                              [--k 4] [--runs 3] [--max-tokens 128] [--concurrency 1] [--no-fixed]
+                                              [--workloads W,...] [--set KEY=VALUE]
 
 The engine runs model_repository/llm/config.pbtxt's parameters, with the options above over them.
 
@@ -25,14 +25,14 @@ import json
 import time
 
 from backend import EngineConfig, LLMEngine
-from benchmarks.common import (
+from benchmarks.core.common import (
     PROMPTS,
     machine_description,
     median,
     run_engine_requests,
 )
-from benchmarks.progress import log
-from benchmarks.variants import engine_parameters
+from benchmarks.core.progress import log
+from benchmarks.core.variants import engine_parameters
 from launcher.model_config import read_parameters
 from launcher.paths import MODEL_DIR
 

@@ -8,11 +8,11 @@ import gc
 
 import torch
 
-from benchmarks import llama_cpp_build
-from benchmarks.context import Bench
-from benchmarks.progress import log
-from benchmarks.roofline import decode_rate, linear_layers_time
-from benchmarks.vs_llama_cpp import LlamaCpp
+from benchmarks.core import llama_cpp_build
+from benchmarks.core.context import Bench
+from benchmarks.core.progress import log
+from benchmarks.sections.roofline import decode_rate, linear_layers_time
+from benchmarks.sections.vs_llama_cpp import LlamaCpp
 
 TITLE = "Thread by thread, in process: our decode rate against llama.cpp's (no server)"
 PROMPT_TOKENS = 32  # llama-batched-bench -npp: each sequence's prompt before it decodes

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from backend.model import kernels
-from benchmarks.context import Bench
-from benchmarks.progress import log
-from benchmarks.roofline import engine_linears, linear_layers_time
-from benchmarks.settings import throughput_requests
-from benchmarks.variants import BF16_INT4_MODEL, MAIN_MODEL, THREADS_MODELS
+from benchmarks.core.context import Bench
+from benchmarks.core.progress import log
+from benchmarks.core.settings import throughput_requests
+from benchmarks.core.variants import BF16_INT4_MODEL, MAIN_MODEL, THREADS_MODELS
+from benchmarks.sections.roofline import engine_linears, linear_layers_time
 
 TITLE = "Kernels and threads: the low-bit kernel per step size, bf16 + int4 against the exact path, 1 vs 2 threads"
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)

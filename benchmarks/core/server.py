@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import launcher
-from benchmarks import thread_cpu
-from benchmarks.common import PROMPTS, LoadResult, run_triton
-from benchmarks.progress import log
-from benchmarks.settings import GREEDY
-from benchmarks.variants import VARIANTS
+from benchmarks.core import thread_cpu
+from benchmarks.core.common import PROMPTS, LoadResult, run_triton
+from benchmarks.core.progress import log
+from benchmarks.core.settings import GREEDY
+from benchmarks.core.variants import VARIANTS
 from launcher.model_config import write_model_repository
 from testkit import prometheus
 

@@ -1,5 +1,5 @@
 """llama.cpp for sections 6 and 9, built the same way on every machine: `make llama-cpp` (or `python -m
-benchmarks.llama_cpp_build`).
+benchmarks.core.llama_cpp_build`).
 
 llama-bench and llama-server (and llama-batched-bench for section 9) come from the llama.cpp source that the
 llama-cpp-python sdist vendors (0.3.36: llama.cpp commit 0c1e570; downloaded from PyPI, its sha256 pinned), built
