@@ -38,7 +38,7 @@ def test_seeded_sampling_same_alone_and_in_busy_batch(server, reference):
         for i, p in enumerate(busy_prompts)
     ]
     try:
-        m = server.wait_for(lambda m: m.get("llm_requests_running", MODEL) >= len(busy), timeout_s=30)
+        m = server.wait_for(lambda m: m.get("llm_requests_running", MODEL) >= len(busy), timeout_s=120)
         assert m.get("llm_requests_running", MODEL) >= len(busy), "the busy requests did not all start"
         before = server.metrics()
         results = run_concurrently(lambda f: f(server), [(seeded_grpc,), (seeded_http,)])
