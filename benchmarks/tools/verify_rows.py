@@ -1,5 +1,5 @@
-"""What a verified draft token costs the target: the served model's step for one sequence at 1, 2, 3, 5 and 9 rows
-(a decode verifying 0, 1, 2, 4 and 8 drafts), against the one-row step, in the same process and interleaved.
+"""What a verified draft token costs the target: the served model's step for one sequence at 1 to 17 rows (a decode
+verifying 0 to 16 drafts), against the one-row step, in the same process and interleaved.
 
     python -m benchmarks.tools.verify_rows [--model DIR] [--quantization gguf] [--context 256] [--repeats 40]
 
@@ -18,7 +18,7 @@ from backend.model.runner import ForwardItem, ModelRunner
 from benchmarks.core.common import machine_description, median
 from launcher.paths import MODEL_DIR
 
-ROWS = (1, 2, 3, 5, 9)
+ROWS = (1, 2, 3, 5, 9, 13, 17)
 
 
 def step_times(runner: ModelRunner, context: int, repeats: int) -> dict[int, tuple[float, float]]:

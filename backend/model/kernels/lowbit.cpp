@@ -20,7 +20,7 @@
 // weights by one rounding of each weight (2^-24 relative) on top of a summation-order change: the size of the
 // difference between two fp32 summation orders (docs/engine.md, "Exactness of the low-bit kernels", gives the
 // bound and the measured differences). Formats without m (w = d * q exactly) are a pure regrouping. Where a tile
-// is de-quantized into memory (above 8 rows on AVX-512, 16 on AVX2), the weights are bit for bit the reference's.
+// is de-quantized into memory (above 16 rows), the weights are bit for bit the reference's.
 //
 // Packed layout (made by `Blocks.pack`, once at load): output rows in tiles of 16; per tile, per block of
 // 32 inputs, one record: the tile's d[16] (and m[16]), fp16 or fp32, then 32-bit words, 16 per group of
@@ -118,9 +118,11 @@ Kernels kernels_for(int isa, int format) {
   // Up to 16 rows AVX2 re-de-quantizes each tile in registers for every block of 4 (or 5) rows; above that, a tile
   // de-quantized once into memory and streamed over by every block of rows is faster: on a 2-core AVX2 EPYC the
   // engine decoded 1.15x and 1.21x as fast at batch 32 (two runs of interleaved processes, 1.09x at 24) and served
-  // 32 streams through Triton 1.10x as fast (docs/benchmarks.md). AVX-512: above its 8 register rows.
+  // 32 streams through Triton 1.10x as fast (docs/benchmarks.md). AVX-512 the same, in blocks of up to 8 rows: a
+  // 9-row step (8 drafts verified, or 9 decoding sequences) 15-16 ms against 25-28 ms buffered, 16 rows 25-27
+  // against 34-36 ms, on a 2-core AVX-512 EPYC (docs/decisions.md).
   if (isa == ISA_AVX2) return avx2::kernels(format, 16, 4, std::make_integer_sequence<int, 5>());
-  if (isa == ISA_AVX512) return avx512::kernels(format, kMaxRows, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
+  if (isa == ISA_AVX512) return avx512::kernels(format, 16, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
   return wide_on_avx2::kernels(format, kMaxRows, kMaxRows, std::make_integer_sequence<int, kMaxRows>());
 }
 
