@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,15 @@ PROMPTS = [
 
 
 def machine_description() -> str:
-    return f"CPU {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    """The CPU, the flags that decide our fast paths, the kernels' instruction set, threads and torch: the line
+    every benchmark program prints beside its figures."""
+    from benchmarks.core.machine import machine_info
+
+    info = machine_info(torch.get_num_threads())
+    return (
+        f"CPU {info['host_cpu']} ({info['logical_cpus']} logical CPUs), flags {' '.join(info['cpu_flags'])}, "
+        f"kernels {info['kernel_isa']}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    )
 
 
 def median(values):

@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 from backend import EngineConfig, LLMEngine
-from backend.model.hardware import cpu_flags_of_this_machine
 from benchmarks.core.common import PROMPTS, machine_description, median, run_engine_requests
 from launcher.model_config import read_parameters
 from launcher.paths import MODEL_DIR
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> None:
                 result = run_engine_requests(engine, requests, GREEDY, args.streams, lora)
                 rates[label].append(result.tokens_per_s)
     base, adapted = median(rates["base"]), median(rates["adapters"])
-    flags = sorted(f for f in cpu_flags_of_this_machine() if f.startswith(("avx", "amx", "fma", "f16c")))
-    print(f"{machine_description()}; CPU flags {' '.join(flags)}")
+    print(machine_description())
     print(f"{args.runs} runs, {len(requests)} requests x {args.max_tokens} tokens each, {args.streams} in flight")
     print(
         f"| streams | base model tok/s | {args.adapters} adapters (rank {args.rank}, every projection) tok/s | ratio |"
