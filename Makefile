@@ -6,7 +6,8 @@
 #   make kernels  .cache/kernels/ (our C++ low-bit kernels, built with torch's extension tooling)
 #   make weights  what the served model reads from its GGUF (python -m backend.model.gguf_weights)
 #   make draft    train an EAGLE-style draft head for the served model on this CPU in DRAFT_MINUTES (60) with
-#                 DRAFT_SEED (0) on DRAFT_THREADS (2), into DRAFT_DIR (.cache/draft/eagle-smollm2-135m), the folder `draft_model` names
+#                 DRAFT_SEED (0) on DRAFT_THREADS (2), into DRAFT_DIR (.cache/draft/eagle-smollm2-135m), the folder `draft_model` names;
+#                 DRAFT_PROMPTS=FILE answers a deployment's own prompts (JSON lines) instead of the built-in ones
 #                 (python -m backend.spec.train_draft; docs/trained_draft.md)
 #   make serve    run tritonserver and the OpenAI front door in the foreground (HTTP_PORT=8000 GRPC_PORT=8001
 #                 METRICS_PORT=8002 OPENAI_PORT=9000; API_KEY=... makes the front door require it); one Ctrl-C
@@ -102,10 +103,11 @@ DRAFT_MINUTES ?= 60
 DRAFT_SEED    ?= 0
 DRAFT_THREADS ?= 2
 DRAFT_DIR     ?= .cache/draft/eagle-smollm2-135m
+DRAFT_PROMPTS ?=
 .PHONY: draft
 draft: model kernels
 	$(VENV_PY) -m backend.spec.train_draft --model $(MODEL_DIR) --out $(DRAFT_DIR) --minutes $(DRAFT_MINUTES) \
-	  --seed $(DRAFT_SEED) --threads $(DRAFT_THREADS)
+	  --seed $(DRAFT_SEED) --threads $(DRAFT_THREADS) $(if $(DRAFT_PROMPTS),--prompts $(DRAFT_PROMPTS))
 
 # Backend directory: the wheel's backends/* plus the stub for the venv's Python version.
 $(TRITON_STAMP): $(VENV_STAMP)

@@ -11,6 +11,7 @@ i-th position from the prompt's last one and the token it chose there.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -93,13 +94,57 @@ TEMPLATES = [
     "What would you tell a friend who wants to learn about {t}?",
     "Write a dialogue between two people about {t}.",
     "Summarize what people should know about {t}.",
+    # answers of other shapes than prose (code, JSON, tables, short forms), so the draft vocabulary and the head
+    # see the punctuation and structure served output has
+    "Write a Python function that has something to do with {t}, with a docstring and an example call.",
+    "Reply with only a JSON object describing {t}, with the keys name, category and facts (a list of three).",
+    "Give a JSON list of five keywords about {t}, and nothing else.",
+    "Make a markdown table with two columns comparing two aspects of {t}.",
+    "Write a numbered step-by-step guide about {t}.",
+    "Write one sentence about {t}, then the same sentence in the passive voice.",
+    "Write a haiku about {t}.",
+    "Ask three questions about {t} and answer each one.",
+    "Write a short email to a colleague about {t}.",
+    "Explain {t} in exactly three bullet points.",
+    "Write a short product description for something inspired by {t}.",
+    "Write a YAML configuration file for an app about {t}.",
 ]
+Prompt = str | list[dict]  # a user turn, or chat messages as an OpenAI request holds them
 
 
-def prompts(seed: int) -> list[str]:
-    """Every template over every topic, shuffled by `seed`."""
-    cases = [template.format(t=topic) for topic in TOPICS for template in TEMPLATES]
+def prompts(seed: int, path: str | None = None) -> list[Prompt]:
+    """Every template over every topic, shuffled by `seed`; or the prompts of the file `path` (one JSON value a
+    line: a string, {"prompt": str} or {"messages": [...]}), in its order: a deployment's own requests."""
+    if path:
+        return read_prompts(path)
+    cases: list[Prompt] = [template.format(t=topic) for topic in TOPICS for template in TEMPLATES]
     random.Random(seed).shuffle(cases)
+    return cases
+
+
+def read_prompts(path: str) -> list[Prompt]:
+    cases: list[Prompt] = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as error:
+                raise ValueError(f"{path}:{number}: not JSON ({error})") from None
+            if isinstance(value, dict):
+                value = value.get("messages") or value.get("prompt")
+            ok = isinstance(value, str) or (
+                isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value)
+            )
+            if not ok or not value:
+                raise ValueError(
+                    f'{path}:{number}: expected a string, {{"prompt": str}} or {{"messages": [{{"role": ..., '
+                    f'"content": ...}}, ...]}}'
+                )
+            cases.append(value)
+    if not cases:
+        raise ValueError(f"{path}: no prompts")
     return cases
 
 
@@ -172,20 +217,28 @@ def build(
     batch: int = 16,
     max_new_tokens: int = 192,
     log=print,
+    prompts_file: str | None = None,
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[bool], FeatureRecovery]:
-    """Generations for `minutes` (whole batches; every third batch greedy, the others sampled at 0.8), whether each
-    is greedy, and the recovery they were read with."""
+    """Generations for `minutes` (whole batches; every third batch greedy, the others sampled at 0.8) of the
+    built-in prompts or those of `prompts_file`, whether each is greedy, and the recovery they were read with."""
     blocks_per_seq = 32  # 512 tokens: prompt + max_new_tokens
     runner = ModelRunner(model, "float32", 16, batch * blocks_per_seq, quantization=quantization)
-    rows = _target_head_rows(runner)
+    rows = target_head_rows(runner)
     recovery_rows = FeatureRecovery.pick_rows(rows.shape[0], rows.shape[1], recovery_seed)
     recovery = FeatureRecovery(rows[recovery_rows], recovery_rows)
     eos = stop_ids(model, tokenizer)
-    cases, data, greedy, started, tokens = prompts(seed), [], [], time.perf_counter(), 0
+    longest = blocks_per_seq * 16 - 16  # room for 16 tokens of answer at least
+    all_ids = [chat_ids(tokenizer, c) for c in prompts(seed, prompts_file)]
+    cases = [ids for ids in all_ids if len(ids) <= longest]
+    if len(cases) < len(all_ids):
+        log(f"data: {len(all_ids) - len(cases)} prompts longer than {longest} tokens left out")
+    if not cases:
+        raise ValueError(f"no prompt of at most {longest} tokens to generate from")
+    data, greedy, started, tokens = [], [], time.perf_counter(), 0
     for number, first in enumerate(range(0, len(cases), batch)):
         if time.perf_counter() - started > minutes * 60:
             break
-        ids = [chat_ids(tokenizer, c) for c in cases[first : first + batch]]
+        ids = cases[first : first + batch]
         temperature = 0.0 if number % 3 == 0 else 0.8
         deadline = started + minutes * 60
         data += generate(runner, recovery, ids, max_new_tokens, temperature, eos, seed + number, deadline)
@@ -208,16 +261,17 @@ def stop_ids(model: str, tokenizer) -> set[int]:
     return {i for i in [*ids, tokenizer.eos_token_id] if isinstance(i, int)}
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """`prompt` as a user's chat turn (plain text for a tokenizer without a chat template)."""
-    text = f"{prompt}\n"
-    if tokenizer.chat_template:
-        message = [{"role": "user", "content": prompt}]
-        text = tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
+def chat_ids(tokenizer, prompt: Prompt) -> list[int]:
+    """`prompt` as a user's chat turn, or its messages, ready for the assistant's answer (the turns' text one per
+    line for a tokenizer without a chat template)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if not tokenizer.chat_template:
+        return tokenizer.encode("".join(f"{m['content']}\n" for m in messages), add_special_tokens=False)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _target_head_rows(runner: ModelRunner) -> torch.Tensor:
+def target_head_rows(runner: ModelRunner) -> torch.Tensor:
     """The target's tied LM head (its embedding) as fp32 rows [vocab, hidden]."""
     embed = runner.fused.embed if runner.fused is not None else None
     if embed is None:

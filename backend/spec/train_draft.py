@@ -1,7 +1,8 @@
 """Train an EAGLE-style draft head (`eagle_head.py`) for a served model, on this machine's CPU, from the target's own
 generations (`draft_data.py`); the folder it writes is what the `draft_model` parameter names.
 
-    python -m backend.spec.train_draft [--model DIR] [--out DIR] [--minutes 60] [--seed 0]   (make draft)
+    python -m backend.spec.train_draft [--model DIR] [--out DIR] [--minutes 60] [--seed 0] [--prompts FILE]
+                                                                                    (make draft)
 
 The budget is split between generating (`--data-share` of it) and training; progress lines show the data rate,
 then per interval the training rate (rows/s), the loss and the held-out acceptance: the fraction of held-out
@@ -16,7 +17,6 @@ import argparse
 import math
 import random
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -134,7 +134,14 @@ def train(args, log=print) -> Path:
         log(f"data: {len(data)} generations, {sum(len(t) for _, t in data)} tokens from {args.data}")
     else:
         data, greedy, recovery = draft_data.build(
-            args.model, args.quantization, tokenizer, args.seed, args.minutes * args.data_share, args.seed, log=log
+            args.model,
+            args.quantization,
+            tokenizer,
+            args.seed,
+            args.minutes * args.data_share,
+            args.seed,
+            log=log,
+            prompts_file=args.prompts or None,
         )
         recovery_rows = recovery.rows
         if args.data:
@@ -189,7 +196,7 @@ def train(args, log=print) -> Path:
     meta = {
         "target": str(args.model),
         "trained_with": {
-            "command": shlex.join(["python", "-m", "backend.spec.train_draft", *sys.argv[1:]]),
+            "command": command(args),
             "seed": args.seed,
             "minutes": args.minutes,
             "generations": len(data),
@@ -202,6 +209,15 @@ def train(args, log=print) -> Path:
     eagle_head.save(out, head, recovery_rows, meta)
     log(f"saved {out}: held-out agreement by step {per_step}, accepted length {mean_len:.2f}")
     return out
+
+
+def command(args) -> str:
+    """The command line that repeats this run: every option with the value it had (defaults too)."""
+    options = []
+    for action in parser()._actions:
+        if action.dest != "help" and getattr(args, action.dest, None) is not None:
+            options += [action.option_strings[-1], str(getattr(args, action.dest))]
+    return shlex.join(["python", "-m", "backend.spec.train_draft", *options])
 
 
 @torch.no_grad()
@@ -237,6 +253,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=60.0, help="the whole budget: generating and training")
     p.add_argument("--data-share", type=float, default=0.4, help="share of the budget spent generating")
     p.add_argument("--data", default="", help="a file to keep the generations in (reused when it exists)")
+    p.add_argument(
+        "--prompts",
+        default="",
+        help='JSON lines of prompts to answer instead of the built-in ones (a string, {"prompt": ...} or '
+        '{"messages": [...]} a line): a deployment\'s own requests',
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quantization", default="gguf", help="how the target runs while generating")
     p.add_argument("--threads", type=int, default=2)

@@ -1,11 +1,13 @@
 """The trained EAGLE-style draft: the chain mask, feature recovery from logits, a tiny training run whose folder
 loads as a `draft_model`, and speculation with it exact against plain decoding (greedy) and running sampled."""
 
+import json
+
 import pytest
 import torch
 
 from backend import EngineConfig, LLMEngine, SamplingParams
-from backend.spec import eagle_head, train_draft
+from backend.spec import draft_data, eagle_head, train_draft
 from backend.spec.draft_data import FeatureRecovery
 from backend.spec.eagle_head import chain_mask
 from tests.unit.conftest import make_tiny_model
@@ -29,6 +31,30 @@ def test_features_recovered_from_logits():
     assert torch.allclose(recovered, features, atol=1e-4)
 
 
+def test_built_in_prompts_are_every_template_over_every_topic():
+    cases = draft_data.prompts(seed=3)
+    assert len(cases) == len(set(cases)) == len(draft_data.TOPICS) * len(draft_data.TEMPLATES)
+    assert not any("{t}" in c for c in cases) and cases == draft_data.prompts(seed=3) != draft_data.prompts(seed=4)
+
+
+def test_prompts_file_takes_strings_prompts_and_messages_in_order(tmp_path):
+    path = tmp_path / "p.jsonl"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    path.write_text(f'"one"\n\n{{"prompt": "two"}}\n{json.dumps({"messages": messages})}\n')
+    assert draft_data.prompts(seed=0, path=str(path)) == ["one", "two", messages]
+
+
+@pytest.mark.parametrize(
+    "line,fragment",
+    [("not json", "p.jsonl:2: not JSON"), ('{"text": "x"}', "p.jsonl:2: expected a string"), ("[1, 2]", "p.jsonl:2")],
+)
+def test_bad_prompts_file_line_says_which_and_what_is_allowed(tmp_path, line, fragment):
+    path = tmp_path / "p.jsonl"
+    path.write_text(f'"fine"\n{line}\n')
+    with pytest.raises(ValueError, match=fragment):
+        draft_data.read_prompts(str(path))
+
+
 @pytest.fixture(scope="module")
 def tiny_tied(tmp_path_factory, tiny_model_factory):
     tiny_model_factory("llama")  # skips without the tokenizer
@@ -37,15 +63,21 @@ def tiny_tied(tmp_path_factory, tiny_model_factory):
 
 @pytest.fixture(scope="module")
 def trained_draft(tiny_tied, tmp_path_factory):
-    out = tmp_path_factory.mktemp("eagle") / "draft"
+    """A tiny training run on a prompts file (`--prompts`: plain prompts and chat messages, a deployment's own)."""
+    folder = tmp_path_factory.mktemp("eagle")
+    out, prompts = folder / "draft", folder / "prompts.jsonl"
+    cases = [*PROMPTS, {"messages": [{"role": "user", "content": "Name three colours."}]}] * 6
+    prompts.write_text("".join(json.dumps(c) + "\n" for c in cases))
     lines = []
     args = train_draft.parser().parse_args(
         [
             "--model", tiny_tied, "--out", str(out), "--minutes", "0.3", "--data-share", "0.5",
             "--quantization", "none", "--vocab", "256", "--window", "8", "--max-steps", "3", "--log-seconds", "0",
+            "--prompts", str(prompts),
         ]
     )  # fmt: skip
     train_draft.train(args, log=lines.append)
+    assert "--prompts" in json.loads((out / "config.json").read_text())["trained_with"]["command"]
     assert any("rows/s" in line and "accepted length" in line for line in lines), lines
     return out, lines
 
@@ -115,3 +147,22 @@ def test_auto_picks_per_sequence_and_stays_exact(tiny_tied, trained_draft):
     assert _outputs(engine, temperature=0, max_tokens=20, ignore_eos=True) == plain
     picks = engine.spec.proposer.picks
     assert picks["head"] > 0, picks
+
+
+def test_agreement_tool_scores_the_head_on_workload_answers(tiny_tied, trained_draft):
+    """benchmarks/tools/draft_agreement.py: the target's greedy answers, the head's agreement by chain step and its
+    vocabulary's share of the answers' tokens, a table row per workload."""
+    from benchmarks.tools import draft_agreement
+
+    out, _ = trained_draft
+    workloads = {"chat": PROMPTS, "messages": [[{"role": "user", "content": "Count: 1 2 3"}]]}
+    results = draft_agreement.agreement(tiny_tied, str(out), 12, 8, 2, workloads, quantization="none")
+    assert results["chat"]["answers"] == len(PROMPTS) and results["messages"]["answers"] == 1
+    for r in results.values():
+        assert 0 < r["tokens"] <= 12 * r["answers"] and 1 <= r["window"] <= 8
+        assert len(r["by_step"]) == 2 and all(0.0 <= a <= 1.0 for a in r["by_step"])
+        assert 0.0 <= r["accepted_length"] <= 2.0
+        # the head's 256-token vocabulary is what this target's own answers used most: its answers here use it
+        assert 0.0 < r["vocab_share"] <= 1.0
+    lines = draft_agreement.table(results, 2)
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| chat", "| messages"]
