@@ -162,7 +162,11 @@ class FeatureRecovery:
         return torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:count].sort().values
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits[:, self.rows] @ self.inverse
+        return self.from_columns(logits[:, self.rows])
+
+    def from_columns(self, columns: torch.Tensor) -> torch.Tensor:
+        """The features of rows of logits already cut to the recovery's columns ([n, |S|])."""
+        return columns @ self.inverse
 
 
 def generate(

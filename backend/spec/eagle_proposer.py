@@ -1,9 +1,12 @@
 """Drafts from a trained EAGLE-style head (`eagle_head.py`), fed by the target's features in the running batch.
 
 The head needs the target's feature (its LM head's input) at each sequence's last verified position. The target
-pass returns logits only, and the LM head is linear: `observe` recovers the features of every row a step sampled
-or verified from those logits (`draft_data.FeatureRecovery`: one [rows, 1024] x [1024, hidden] product), so the
-target's pass and kernels are unchanged. Each (feature, token) pair becomes a row of the head's context.
+pass returns logits only, and the LM head is linear: the features of every row a step sampled or verified are
+recovered from those logits (`draft_data.FeatureRecovery`: a [rows, 1024] x [1024, hidden] product), so the
+target's pass and kernels are unchanged. `observe` keeps only each row's 1,024 recovery columns with the token
+chosen there; the product runs when the sequence next drafts, over every row kept since, so a sequence that does
+not draft (under `auto`, one that suffix decoding serves) costs a column gather per step, not a product (the
+product at every step was 7 % of an open-chat run in which `auto` never picked the head).
 
 The head's KV is its own and small (one layer, kv_heads x head_dim per position): per sequence it keeps the keys
 and values of the last `window` true-feature rows, computed once when they are first drafted from, and attends
@@ -37,7 +40,8 @@ class _SeqState:
     __slots__ = ("pending", "keys", "values", "last")
 
     def __init__(self):
-        self.pending: list[tuple[int, torch.Tensor, int]] = []  # (position, feature, token) not yet in the KV
+        # (position, the row's recovery columns of logits, token) not yet in the KV
+        self.pending: list[tuple[int, torch.Tensor, int]] = []
         self.keys = self.values = None  # [1, P, kv_heads, D] of the rows already computed
         self.last: tuple[int, int] | None = None  # (position, token) of the newest row
 
@@ -88,7 +92,8 @@ class EagleProposer(Proposer):
 
     # ---- what the target computed ------------------------------------------------------------------------
     def observe(self, output: ModelRunnerOutput) -> None:
-        """Every sampled or verified row's feature, with the token chosen from it, joins its sequence's context."""
+        """Every sampled or verified row (its recovery columns), with the token chosen from it, joins its sequence's
+        context."""
         picks = [
             (s.seq_id, s.position + i, row, token)  # the row's position; the token goes at the next one
             for s in output.sampled
@@ -96,18 +101,12 @@ class EagleProposer(Proposer):
         ]
         if not picks or output.logits is None:
             return
-        features = self.recovery(output.logits[[row for _, _, row, _ in picks]].float())
-        finite = torch.isfinite(features).all(-1).tolist()  # a grammar-masked row: no feature from it
-        for (seq_id, position, _, token), feature, ok in zip(picks, features, finite):
+        columns = output.logits.index_select(1, self.recovery.rows).unbind(0)  # each row's, as views
+        for seq_id, position, row, token in picks:
             state = self._states.get(seq_id)
-            if state is None:
+            if state is None or (state.last is not None and position <= state.last[0]):  # new, or recomputed
                 state = self._states[seq_id] = _SeqState()
-            if not ok:
-                self._states[seq_id] = _SeqState()
-                continue
-            if state.last is not None and position <= state.last[0]:  # recomputed (preempted): start again
-                state = self._states[seq_id] = _SeqState()
-            state.pending.append((position, feature, token))
+            state.pending.append((position, columns[row], token))
             del state.pending[: -self.window]
             state.last = (position, token)
 
@@ -126,6 +125,8 @@ class EagleProposer(Proposer):
             return Draft([])  # no feature of the last verified position (e.g. recomputed after preemption)
         head = self.head
         out = self._context_rows(state)
+        if out is None:
+            return Draft([])
         tokens, probs = [], []
         chain_k, chain_v = [], []
         position = state.last[0]
@@ -147,12 +148,21 @@ class EagleProposer(Proposer):
             chain_v.append(value)
         return Draft(tokens, torch.stack(probs) if probs else None)
 
-    def _context_rows(self, state: _SeqState) -> torch.Tensor:
-        """The layer's output for the rows not yet computed (their keys and values join the sequence's cache)."""
+    def _context_rows(self, state: _SeqState) -> torch.Tensor | None:
+        """The layer's output for the rows not yet computed (their keys and values join the sequence's cache); None
+        where the newest row has no feature. A row whose logits a grammar masked gives none (its columns are not
+        finite): the context starts again after it."""
         pending, state.pending = state.pending, []
+        features = self.recovery.from_columns(torch.stack([c for _, c, _ in pending]).float())
+        finite = torch.isfinite(features).all(-1)
+        if not bool(finite.all()):
+            after = int(finite.logical_not().nonzero().max()) + 1
+            pending, features = pending[after:], features[after:]
+            state.keys = state.values = None
+            if not pending:
+                return None
         positions = torch.tensor([p for p, _, _ in pending])
-        features = torch.stack([f for _, f, _ in pending])[None]
-        x = self.head.rows(self.target_rows(torch.tensor([[t for _, _, t in pending]])), features)
+        x = self.head.rows(self.target_rows(torch.tensor([[t for _, _, t in pending]])), features[None])
         prior = 0 if state.keys is None else state.keys.shape[1]
         n = len(pending)
         mask = torch.cat([torch.ones(n, prior, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], dim=1)

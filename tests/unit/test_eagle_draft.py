@@ -166,3 +166,35 @@ def test_agreement_tool_scores_the_head_on_workload_answers(tiny_tied, trained_d
         assert 0.0 < r["vocab_share"] <= 1.0
     lines = draft_agreement.table(results, 2)
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| chat", "| messages"]
+
+
+def test_a_grammar_masked_row_restarts_the_heads_context(tiny_tied, trained_draft):
+    """A row whose logits a grammar masked (-inf in the recovery's columns) gives no feature: the head drafts from
+    the rows after it, and not at all while the newest row is one."""
+    from types import SimpleNamespace
+
+    from backend.core.runner_output import ModelRunnerOutput, SampledTokens
+
+    proposer = _engine(tiny_tied, draft_model=str(trained_draft[0]), num_speculative_tokens=2).spec.proposer
+    generator = torch.Generator().manual_seed(0)
+
+    def observe(position: int, token: int, masked: bool = False) -> None:
+        logits = torch.randn(1, proposer.embed.vocab_size, generator=generator)
+        if masked:
+            logits[0, proposer.recovery.rows[::3]] = float("-inf")
+        proposer.observe(ModelRunnerOutput(logits=logits, sampled=[SampledTokens(7, [token], [0], position)]))
+
+    def draft(tokens: list[int]) -> list[int]:
+        seq = SimpleNamespace(seq_id=7, num_tokens=len(tokens), token_ids=tokens, params=SimpleNamespace(greedy=True))
+        return proposer.propose([(seq, 2)])[0].token_ids
+
+    tokens = list(range(20, 30))  # positions 0..9; the rows observed are positions 6..9, each choosing the next
+    for position in range(6, 9):
+        observe(position, tokens[position + 1], masked=position == 7)
+    assert len(draft(tokens[:10])) == 2
+    state = proposer._states[7]
+    assert state.keys.shape[1] == 1  # row 8 alone: rows 6 and 7 (masked) are not its context
+    observe(9, 31, masked=True)
+    assert draft(tokens + [31]) == [] and state.keys is None
+    observe(10, 32)
+    assert len(draft(tokens + [31, 32])) == 2 and proposer._states[7].keys.shape[1] == 1
