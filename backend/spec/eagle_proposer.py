@@ -5,8 +5,8 @@ pass returns logits only, and the LM head is linear: the features of every row a
 recovered from those logits (`draft_data.FeatureRecovery`: a [rows, 1024] x [1024, hidden] product), so the
 target's pass and kernels are unchanged. `observe` keeps only each row's 1,024 recovery columns with the token
 chosen there; the product runs when the sequence next drafts, over every row kept since, so a sequence that does
-not draft (under `auto`, one that suffix decoding serves) costs a column gather per step, not a product (the
-product at every step was 7 % of an open-chat run in which `auto` never picked the head).
+not draft (under `auto`, one that suffix decoding serves) costs a column gather per step, not a product (a
+product per step is about 7 % of an open-chat run at batch 1: each op after the forward pass runs cold).
 
 The head's KV is its own and small (one layer, kv_heads x head_dim per position): per sequence it keeps the keys
 and values of the last `window` true-feature rows, computed once when they are first drafted from, and attends

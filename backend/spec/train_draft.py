@@ -213,10 +213,7 @@ def train(args, log=print) -> Path:
 
 def command(args) -> str:
     """The command line that repeats this run: every option with the value it had (defaults too)."""
-    options = []
-    for action in parser()._actions:
-        if action.dest != "help" and getattr(args, action.dest, None) is not None:
-            options += [action.option_strings[-1], str(getattr(args, action.dest))]
+    options = [part for name, value in vars(args).items() for part in (f"--{name.replace('_', '-')}", str(value))]
     return shlex.join(["python", "-m", "backend.spec.train_draft", *options])
 
 

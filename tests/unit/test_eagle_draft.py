@@ -37,6 +37,14 @@ def test_built_in_prompts_are_every_template_over_every_topic():
     assert not any("{t}" in c for c in cases) and cases == draft_data.prompts(seed=3) != draft_data.prompts(seed=4)
 
 
+def test_recorded_command_repeats_the_run():
+    import shlex
+
+    args = train_draft.parser().parse_args(["--minutes", "5", "--prompts", "my prompts.jsonl", "--seed", "3"])
+    again = train_draft.parser().parse_args(shlex.split(train_draft.command(args))[3:])
+    assert vars(again) == vars(args)
+
+
 def test_prompts_file_takes_strings_prompts_and_messages_in_order(tmp_path):
     path = tmp_path / "p.jsonl"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
