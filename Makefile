@@ -104,10 +104,11 @@ DRAFT_SEED    ?= 0
 DRAFT_THREADS ?= 2
 DRAFT_DIR     ?= .cache/draft/eagle-smollm2-135m
 DRAFT_PROMPTS ?=
+DRAFT_STARTED := $(shell date +%s)
 .PHONY: draft
 draft: model kernels
 	$(VENV_PY) -m backend.spec.train_draft --model $(MODEL_DIR) --out $(DRAFT_DIR) --minutes $(DRAFT_MINUTES) \
-	  --seed $(DRAFT_SEED) --threads $(DRAFT_THREADS) $(if $(DRAFT_PROMPTS),--prompts $(DRAFT_PROMPTS))
+	  --started $(DRAFT_STARTED) --seed $(DRAFT_SEED) --threads $(DRAFT_THREADS) $(if $(DRAFT_PROMPTS),--prompts $(DRAFT_PROMPTS))
 
 # Backend directory: the wheel's backends/* plus the stub for the venv's Python version.
 $(TRITON_STAMP): $(VENV_STAMP)

@@ -4,7 +4,9 @@ generations (`draft_data.py`); the folder it writes is what the `draft_model` pa
     python -m backend.spec.train_draft [--model DIR] [--out DIR] [--minutes 60] [--seed 0] [--prompts FILE]
                                                                                     (make draft)
 
-The budget is split between generating (`--data-share` of it) and training; progress lines show the data rate,
+The budget runs from `--started` (a Unix time: `make draft` passes when it was typed, so setting up the environment
+counts) to the saved folder, and is split between generating (`--data-share` of it) and training; progress lines
+show the data rate,
 then per interval the training rate (rows/s), the loss and the held-out acceptance: the fraction of held-out
 positions where the head's first token is the target's greedy one, and the mean accepted length of a chain of
 `--eval-k` draft tokens (what greedy verification would accept), measured on greedy generations of prompts
@@ -121,13 +123,19 @@ def greedy_targets(heldout, full_rows: torch.Tensor):
 def train(args, log=print) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
+    spent = time.time() - args.started if args.started else 0.0
+    if spent >= args.minutes * 60:
+        raise SystemExit(
+            f"the budget of {args.minutes:g} minutes was spent before training began ({spent / 60:.1f} minutes since "
+            "--started, setting up included): give more minutes (DRAFT_MINUTES)"
+        )
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     config = AutoConfig.from_pretrained(args.model)
     if not getattr(config, "tie_word_embeddings", False):
         raise SystemExit("the draft head reads the target's LM head rows from its embedding: a tied model is needed")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    started = time.perf_counter()
+    started = time.perf_counter() - spent
     if args.data and Path(args.data).is_file():
         saved = torch.load(args.data)
         data, greedy, recovery_rows = saved["data"], saved["greedy"], saved["recovery_rows"]
@@ -138,7 +146,7 @@ def train(args, log=print) -> Path:
             args.quantization,
             tokenizer,
             args.seed,
-            args.minutes * args.data_share,
+            (args.minutes - (time.perf_counter() - started) / 60) * args.data_share,
             args.seed,
             log=log,
             prompts_file=args.prompts or None,
@@ -165,6 +173,7 @@ def train(args, log=print) -> Path:
     budget = args.minutes * 60 - (time.perf_counter() - started)
     train_started, steps, rows, last_log = time.perf_counter(), 0, 0, 0.0
     per_step, mean_len = acceptance(head, held, args.eval_k)
+    budget -= 2 * (time.perf_counter() - train_started)  # the final held-out measure and the save fit the budget
     log(f"train: held-out before training: step-1 agreement {per_step[0]:.3f}, accepted length {mean_len:.2f}")
     while True:
         elapsed = time.perf_counter() - train_started
@@ -212,8 +221,9 @@ def train(args, log=print) -> Path:
 
 
 def command(args) -> str:
-    """The command line that repeats this run: every option with the value it had (defaults too)."""
-    options = [part for name, value in vars(args).items() for part in (f"--{name.replace('_', '-')}", str(value))]
+    """The command line that repeats this run: every option with the value it had (defaults too), but the clock's."""
+    chosen = {name: value for name, value in vars(args).items() if name != "started"}
+    options = [part for name, value in chosen.items() for part in (f"--{name.replace('_', '-')}", str(value))]
     return shlex.join(["python", "-m", "backend.spec.train_draft", *options])
 
 
@@ -248,7 +258,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--minutes", type=float, default=60.0, help="the whole budget: generating and training")
-    p.add_argument("--data-share", type=float, default=0.4, help="share of the budget spent generating")
+    p.add_argument(
+        "--started", type=float, default=0.0, help="Unix time the budget runs from (default: when this starts)"
+    )
+    p.add_argument("--data-share", type=float, default=0.5, help="share of the budget spent generating")
     p.add_argument("--data", default="", help="a file to keep the generations in (reused when it exists)")
     p.add_argument(
         "--prompts",

@@ -40,9 +40,19 @@ def test_built_in_prompts_are_every_template_over_every_topic():
 def test_recorded_command_repeats_the_run():
     import shlex
 
-    args = train_draft.parser().parse_args(["--minutes", "5", "--prompts", "my prompts.jsonl", "--seed", "3"])
-    again = train_draft.parser().parse_args(shlex.split(train_draft.command(args))[3:])
-    assert vars(again) == vars(args)
+    given = ["--minutes", "5", "--prompts", "my prompts.jsonl", "--seed", "3", "--started", "1700000000"]
+    args = train_draft.parser().parse_args(given)
+    recorded = shlex.split(train_draft.command(args))
+    again = train_draft.parser().parse_args(recorded[3:])
+    assert "--started" not in recorded and vars(again) == {**vars(args), "started": 0.0}
+
+
+def test_budget_spent_before_training_is_refused_with_the_minutes():
+    import time
+
+    args = train_draft.parser().parse_args(["--minutes", "2", "--started", str(time.time() - 150)])
+    with pytest.raises(SystemExit, match=r"budget of 2 minutes was spent before training began \(2\.5 minutes"):
+        train_draft.train(args)
 
 
 def test_prompts_file_takes_strings_prompts_and_messages_in_order(tmp_path):
