@@ -26,7 +26,7 @@ from backend.core.request import FinishReason, Request, RequestOutput, Sequence
 from backend.core.runner_output import ModelRunnerOutput, SampledTokens
 from backend.core.scheduler import Scheduler
 from backend.core.scheduler_output import SchedulerOutput
-from backend.engine import prompt_outputs
+from backend.engine import prompt_outputs, request_checks
 from backend.engine.adapters import Adapters
 from backend.engine.model_loading import eos_token_ids, make_proposer, model_folder, resolve_weights
 from backend.engine.step_records import StepWatchers, describe, step_record
@@ -42,10 +42,6 @@ from backend.sampling.structured_output import StructuredOutput
 from backend.spec.decoder import SpeculativeDecoder
 
 log = logging.getLogger(__name__)
-
-# The default prompt bound, in UTF-8 bytes per token of max_model_len: English text averages 4-5 bytes a
-# token, so this refuses only prompts far past the token limit, before paying for tokenizing them.
-PROMPT_BYTES_PER_TOKEN = 16
 
 
 class LLMEngine:
@@ -64,7 +60,7 @@ class LLMEngine:
         )
         shape = ModelRunner.read_shape(config.model)
         self.max_model_len = min(config.max_model_len or shape.max_model_len, shape.max_model_len)
-        self.max_prompt_bytes = config.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_model_len
+        self.max_prompt_bytes = config.max_prompt_bytes or request_checks.PROMPT_BYTES_PER_TOKEN * self.max_model_len
         self.faults = FaultInjector(config.fault_injection)
         kv_dtype = config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
         try:
@@ -153,9 +149,9 @@ class LLMEngine:
         if lora_name is not None:
             self.adapters.check(lora_name)
         if isinstance(prompt, str):
-            token_ids = self._tokenize(prompt)
+            token_ids = request_checks.tokenize(self.input_tokenizer, prompt, self.max_prompt_bytes, self.max_model_len)
         else:
-            token_ids = self._check_token_ids(prompt)
+            token_ids = request_checks.check_token_ids(prompt, self.max_model_len, self.vocab_size)
             prompt = self.input_tokenizer.decode(token_ids)
         total = len(token_ids) + params.max_tokens
         if total > self.max_model_len:
@@ -174,79 +170,14 @@ class LLMEngine:
             raise InvalidRequest(
                 f"n must be at most {self.config.max_num_seqs} (max_num_seqs: the samples run together), got {params.n}"
             )
-        self._check_logits_size(params, len(token_ids))
-        if params.top_k > self.vocab_size:
-            raise InvalidRequest(f"top_k must be at most the vocabulary size {self.vocab_size}, got {params.top_k}")
-        words = [t for s in params.bad_word_ids + params.stop_word_ids for t in s]
-        for name, ids in (
-            ("stop_token_ids", params.stop_token_ids),
-            ("logit_bias keys", params.logit_bias),
-            ("bad_word_ids and stop_word_ids", words),
-        ):
-            bad_ids = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad_ids:
-                raise InvalidRequest(f"{name} must be token ids below {self.vocab_size}, got {bad_ids[:8]}")
-        params = self._tokenize_words(params)
+        request_checks.check_logits_size(params, len(token_ids), self.vocab_size, self.config.max_logits_mb)
+        request_checks.check_token_id_fields(params, self.vocab_size)
+        params = request_checks.tokenize_words(self.input_tokenizer, params)
         base_seed = int(self._seed_source.integers(0, 2**62))
         grammar = self.structured.compile(params.guided_decoding)  # starts now, on the compiler's threads
         return ClientRequest(
             request_id, prompt, token_ids, params, base_seed=base_seed, grammar=grammar, lora_name=lora_name, **kwargs
         )
-
-    def _check_logits_size(self, params: SamplingParams, num_prompt_tokens: int) -> None:
-        """The logits a request asks for stay within max_logits_mb."""
-        limit = self.config.max_logits_mb
-        for flag, rows, what in (
-            ("return_context_logits", num_prompt_tokens * params.context_logits, "shorten the prompt"),
-            ("return_generation_logits", params.max_tokens * params.n * params.generation_logits, "lower max_tokens"),
-        ):
-            mib = rows * self.vocab_size * 4 / 2**20
-            if mib > limit:
-                raise InvalidRequest(
-                    f"{flag}: {rows} rows of {self.vocab_size} logits are {mib:.1f} MiB; at most {limit} MiB are "
-                    f"allowed per request (max_logits_mb); {what} or leave it out"
-                )
-
-    def _tokenize_words(self, params: SamplingParams) -> SamplingParams:
-        """bad_words as token sequences (each phrase as written and after a space, as vLLM bans them), word_bias
-        folded into logit_bias (each of a phrase's tokens takes its bias, as TensorRT-LLM's embedding bias)."""
-        if not (params.bad_words or params.word_bias):  # bad_word_ids alone are used as given
-            return params
-
-        def encode(text: str) -> list[int]:
-            return self.input_tokenizer.encode(text, add_special_tokens=False)
-
-        sequences = {tuple(encode(v)) for w in params.bad_words for v in (w, " " + w.lstrip(" "))}
-        sequences |= {tuple(s) for s in params.bad_word_ids}
-        logit_bias = dict(params.logit_bias)
-        for word, bias in params.word_bias.items():
-            for token_id in encode(word):
-                logit_bias[token_id] = logit_bias.get(token_id, 0.0) + bias
-        return dataclasses.replace(params, bad_word_ids=sorted(list(s) for s in sequences if s), logit_bias=logit_bias)
-
-    def _tokenize(self, prompt: str) -> list[int]:
-        if not prompt:
-            raise InvalidRequest("text_input must be a non-empty string")
-        # Checked before tokenizing: a multi-megabyte prompt would cost a full tokenizer pass first.
-        if len(prompt) > self.max_prompt_bytes or len(prompt.encode("utf-8")) > self.max_prompt_bytes:
-            raise InvalidRequest(
-                f"text_input is {len(prompt.encode('utf-8'))} bytes of UTF-8; at most {self.max_prompt_bytes} are "
-                f"allowed (max_prompt_bytes; the model's limit is {self.max_model_len} tokens)"
-            )
-        token_ids = self.input_tokenizer(prompt).input_ids
-        if not token_ids:
-            raise InvalidRequest("text_input produced no tokens")
-        return token_ids
-
-    def _check_token_ids(self, token_ids: list[int]) -> list[int]:
-        if not token_ids:
-            raise InvalidRequest("input_ids must hold at least one token id")
-        if len(token_ids) > self.max_model_len:
-            raise InvalidRequest(f"input_ids has {len(token_ids)} tokens; the model's limit is {self.max_model_len}")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequest(f"input_ids must be token ids from 0 to {self.vocab_size - 1}, got {bad[:8]}")
-        return list(token_ids)
 
     def add_request(self, client: ClientRequest) -> Request:
         """Admit what a client asked: the engine's own state of it (its sequences) starts here."""

@@ -1,7 +1,8 @@
 """The draft head's training data: the target's own generations, with its feature at every generated position.
 
 Prompts are chat requests built from task templates over topics (`prompts`), none of them the benchmarks' own;
-the target answers them (greedy and sampled) through the engine's model runner in batches, and each step's
+the target answers them (greedy and sampled; once every prompt is answered, sampled again while the budget lasts,
+each pass with new seeds) through the engine's model runner in batches, and each step's
 logits give the feature they were computed from: the LM head is linear, so a few hundred of its rows determine
 its input (`FeatureRecovery`, the same recovery the serving proposer runs; relative error about 1e-6 in fp32).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -178,9 +180,10 @@ def generate(
     eos: set[int],
     seed: int,
     deadline: float = float("inf"),
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
     """One batch of generations (the runner's KV cache holds len(prompt_ids) sequences of its blocks each), cut
-    short at `deadline` (time.perf_counter)."""
+    short at `deadline` (time.perf_counter): (the prompt's place in `prompt_ids`, features, tokens) for each of
+    more than one token."""
     per_seq = runner.num_blocks // len(prompt_ids)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(prompt_ids))]
     generator = torch.Generator().manual_seed(seed)
@@ -208,7 +211,15 @@ def generate(
             lengths[i] += 1
             still.append(i)
         active = still
-    return [(torch.stack(f), torch.tensor(t)) for f, t in zip(feats, toks) if len(t) > 1]
+    return [(i, torch.stack(f), torch.tensor(t)) for i, (f, t) in enumerate(zip(feats, toks)) if len(t) > 1]
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What a generation answered: the prompt's index in the prompt list, and whether it was greedy."""
+
+    prompt: int
+    greedy: bool
 
 
 def build(
@@ -222,9 +233,10 @@ def build(
     max_new_tokens: int = 192,
     log=print,
     prompts_file: str | None = None,
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[bool], FeatureRecovery]:
-    """Generations for `minutes` (whole batches; every third batch greedy, the others sampled at 0.8) of the
-    built-in prompts or those of `prompts_file`, whether each is greedy, and the recovery they were read with."""
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Origin], FeatureRecovery]:
+    """Generations for `minutes` of the built-in prompts or those of `prompts_file` (in batches: in the first pass
+    every third batch greedy and the others sampled at 0.8, in later passes all sampled, with new seeds), what
+    each answered, and the recovery they were read with."""
     blocks_per_seq = 32  # 512 tokens: prompt + max_new_tokens
     runner = ModelRunner(model, "float32", 16, batch * blocks_per_seq, quantization=quantization)
     rows = target_head_rows(runner)
@@ -238,19 +250,23 @@ def build(
         log(f"data: {len(all_ids) - len(cases)} prompts longer than {longest} tokens left out")
     if not cases:
         raise ValueError(f"no prompt of at most {longest} tokens to generate from")
-    data, greedy, started, tokens = [], [], time.perf_counter(), 0
-    for number, first in enumerate(range(0, len(cases), batch)):
-        if time.perf_counter() - started > minutes * 60:
-            break
-        ids = cases[first : first + batch]
-        temperature = 0.0 if number % 3 == 0 else 0.8
+    data, origins, started, tokens = [], [], time.perf_counter(), 0
+    batches = [list(range(first, min(first + batch, len(cases)))) for first in range(0, len(cases), batch)]
+    number = 0
+    while time.perf_counter() - started <= minutes * 60:
+        picks = batches[number % len(batches)]
+        temperature = 0.0 if number < len(batches) and number % 3 == 0 else 0.8  # repeated passes sample
         deadline = started + minutes * 60
-        data += generate(runner, recovery, ids, max_new_tokens, temperature, eos, seed + number, deadline)
-        greedy += [temperature == 0.0] * (len(data) - len(greedy))
+        answers = generate(
+            runner, recovery, [cases[i] for i in picks], max_new_tokens, temperature, eos, seed + number, deadline
+        )
+        data += [(f, t) for _, f, t in answers]
+        origins += [Origin(picks[i], temperature == 0.0) for i, _, _ in answers]
+        number += 1
         tokens = sum(len(t) for _, t in data)
         elapsed = time.perf_counter() - started
         log(f"data: {len(data)} generations, {tokens} tokens, {tokens / elapsed:.0f} tok/s")
-    return data, greedy, recovery
+    return data, origins, recovery
 
 
 def stop_ids(model: str, tokenizer) -> set[int]:

@@ -112,6 +112,16 @@ def acceptance(head: EagleHead, heldout, k: int) -> tuple[list[float], float]:
     return per_step, float(accepted.mean())
 
 
+def split_heldout(data, origins: list[draft_data.Origin], every: int):
+    """The greedy answers to every `every`-th prompt answered greedily, held out, and every answer to the other
+    prompts (no sampled answer to a held-out prompt trains the head)."""
+    greedy_prompts = sorted({o.prompt for o in origins if o.greedy})
+    held_prompts = set(greedy_prompts[:: max(1, every)])
+    heldout = [d for d, o in zip(data, origins) if o.prompt in held_prompts and o.greedy]
+    training = [d for d, o in zip(data, origins) if o.prompt not in held_prompts]
+    return heldout, training or heldout
+
+
 def greedy_targets(heldout, full_rows: torch.Tensor):
     """Held-out windows with, after each row, the target's greedy token: its full LM head's argmax over the next
     row's feature (computed once: a [rows, vocab] product)."""
@@ -138,10 +148,12 @@ def train(args, log=print) -> Path:
     started = time.perf_counter() - spent
     if args.data and Path(args.data).is_file():
         saved = torch.load(args.data)
-        data, greedy, recovery_rows = saved["data"], saved["greedy"], saved["recovery_rows"]
+        if "origins" not in saved:
+            raise SystemExit(f"{args.data}: generations without the prompts they answer; remove it to generate anew")
+        data, origins, recovery_rows = saved["data"], saved["origins"], saved["recovery_rows"]
         log(f"data: {len(data)} generations, {sum(len(t) for _, t in data)} tokens from {args.data}")
     else:
-        data, greedy, recovery = draft_data.build(
+        data, origins, recovery = draft_data.build(
             args.model,
             args.quantization,
             tokenizer,
@@ -154,12 +166,10 @@ def train(args, log=print) -> Path:
         recovery_rows = recovery.rows
         if args.data:
             Path(args.data).parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"data": data, "greedy": greedy, "recovery_rows": recovery_rows}, args.data)
+            torch.save({"data": data, "origins": origins, "recovery_rows": recovery_rows}, args.data)
     state = _target_state(args.model)
     full_rows = state["model.embed_tokens.weight"].float()
-    heldout_ids = set([i for i, g in enumerate(greedy) if g][:: max(1, args.heldout_every)])
-    heldout = [d for i, d in enumerate(data) if i in heldout_ids]
-    training = [d for i, d in enumerate(data) if i not in heldout_ids] or heldout
+    heldout, training = split_heldout(data, origins, args.heldout_every)
     vocab = draft_vocabulary(training, config.vocab_size, args.vocab, draft_data.stop_ids(args.model, tokenizer))
     shape = HeadShape.of_target(config, window=args.window)
     head = EagleHead(shape, vocab, full_rows[vocab])
@@ -285,7 +295,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--eval-k", type=int, default=4)
-    p.add_argument("--heldout-every", type=int, default=4, help="every n-th greedy generation is held out")
+    p.add_argument(
+        "--heldout-every",
+        type=int,
+        default=4,
+        help="the greedy answer to every n-th greedily answered prompt is held out (the prompt trains nothing)",
+    )
     p.add_argument("--heldout-windows", type=int, default=64)
     p.add_argument("--log-seconds", type=float, default=60.0)
     return p

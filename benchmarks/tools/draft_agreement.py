@@ -45,7 +45,7 @@ def agreement(
         answers = []
         for first in range(0, len(prompts), 8):  # 8 answers per batch: the runner holds 64 blocks of 16 each
             ids = [draft_data.chat_ids(tokenizer, p) for p in prompts[first : first + 8]]
-            answers += draft_data.generate(runner, recovery, ids, max_tokens, 0.0, eos, 0)
+            answers += [(f, t) for _, f, t in draft_data.generate(runner, recovery, ids, max_tokens, 0.0, eos, 0)]
         tokens = torch.cat([t for _, t in answers]).tolist()
         length = min(window, min(len(t) for _, t in answers) - 1)
         with torch.no_grad():

@@ -47,6 +47,16 @@ def test_recorded_command_repeats_the_run():
     assert "--started" not in recorded and vars(again) == {**vars(args), "started": 0.0}
 
 
+def test_heldout_prompts_train_no_answer_of_theirs():
+    origins = [
+        draft_data.Origin(p, g) for p, g in [(0, True), (1, True), (2, False), (0, False), (1, False), (2, False)]
+    ]
+    data = [(None, torch.tensor([i])) for i in range(len(origins))]
+    heldout, training = train_draft.split_heldout(data, origins, every=2)
+    assert [int(t) for _, t in heldout] == [0]  # prompt 0's greedy answer; its sampled one (3) trains nothing
+    assert [int(t) for _, t in training] == [1, 2, 4, 5]
+
+
 def test_budget_spent_before_training_is_refused_with_the_minutes():
     import time
 
