@@ -48,12 +48,12 @@ class _SeqState:
 
 class _KernelLinear(torch.nn.Module):
     """A projection of [..., in] rows on the low-bit kernel, its weight re-quantized to Q8_0 (a draft needs no
-    exact weights: a quarter of fp32's bytes, so the whole head stays in the last-level cache between drafts)."""
+    exact weights: a quarter of fp32's bytes, so the whole head stays in the last-level cache between drafts).
+    The blocks are the only copy: every step runs on the kernel (a draft's steps are a chain's few rows)."""
 
     def __init__(self, weight: torch.Tensor, isa: int):
         super().__init__()
-        q8 = quantize_q8_0(weight.detach().float())
-        self.linear = make_linear([q8.dequantize().float()], [None], "none", 64, [q8.packed()], isa)
+        self.linear = make_linear([None], [None], "none", 64, [quantize_q8_0(weight.detach().float()).packed()], isa)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
@@ -67,6 +67,7 @@ def _on_kernels(head: eagle_head.EagleHead) -> str:
     for name in ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
         setattr(head, name, _KernelLinear(getattr(head, name).weight, isa))
     head.head_linear = _KernelLinear(head.head, isa)
+    head.head = None  # the rows' fp32 copy: the kernel's blocks serve them
     return f"q8_0 on the {kernels.ISA_NAMES[isa]} kernel"
 
 
