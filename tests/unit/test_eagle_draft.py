@@ -1,5 +1,6 @@
 """The trained EAGLE-style draft: the chain mask, feature recovery from logits, a tiny training run whose folder
-loads as a `draft_model`, and speculation with it exact against plain decoding (greedy) and running sampled."""
+loads as a `draft_model`, the served head on the kernels against torch, and speculation with it exact against
+plain decoding (greedy) and running sampled."""
 
 import json
 
@@ -149,6 +150,31 @@ def test_greedy_with_the_eagle_draft_equals_plain_decoding(tiny_tied, trained_dr
     spec = _outputs(engine, temperature=0, max_tokens=20, ignore_eos=True)
     assert spec == plain
     assert engine.metrics.total("llm_spec_decode_num_draft_tokens_total") > 0
+
+
+def test_the_head_on_the_kernels_predicts_as_in_torch(tiny_tied, trained_draft):
+    """The served head (its projections and LM head rows as Q8_0 blocks, where this CPU has a kernel) against the
+    same folder in fp32 torch: the same layer outputs and logits up to Q8_0's rounding, and no fp32 copy kept."""
+    engine = _engine(tiny_tied, draft_model=str(trained_draft[0]), num_speculative_tokens=3)
+    proposer = engine.spec.proposer
+    served = proposer.head
+    reference, _, _ = eagle_head.load(trained_draft[0], proposer.target_rows)
+    if proposer.kernel == "torch":
+        assert served.head_linear is None and served.head is not None
+        pytest.skip("no low-bit kernel for this CPU: the head runs as trained")
+    assert proposer.kernel.startswith("q8_0 on the ") and served.head is None
+    assert all(getattr(served, n).linear.weight is None for n in ("fc", "q_proj", "down_proj", "head_linear"))
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, served.shape.hidden)
+    positions = torch.arange(5).expand(2, 5)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.no_grad():
+        out, k, _ = served.layer(x, positions, None, None, mask)
+        want_out, want_k, _ = reference.layer(x, positions, None, None, mask)
+        logits, want_logits = served.predict(out)[1], reference.predict(want_out)[1]
+    for got, want in ((out, want_out), (k, want_k), (logits, want_logits)):
+        assert (got - want).norm() <= 0.02 * want.norm()
+    assert (logits.argmax(-1) == want_logits.argmax(-1)).float().mean() >= 0.8
 
 
 def test_sampled_requests_draft_and_finish(tiny_tied, trained_draft):
